@@ -1,0 +1,172 @@
+"""The recipe's own config keys (``async_training``) and its start-up validation.
+
+Everything here is pure: it reads an OmegaConf config and either returns or raises
+``ConfigError`` with a message that names the offending key and how to fix it. ``main_ppo``
+calls ``validate_config`` before Ray or any worker starts, so a bad config costs seconds,
+not a cluster allocation; the tests call the same function directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+# Which checkpoint engines can feed which rollout backends (actor -> rollout weight transfer).
+# nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
+# gloo: this recipe's CPU engine, consumed by the recipe's `hf` replica.
+COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
+    "vllm": ("nccl", "nixl", "mooncake", "kimi"),
+    "sglang": ("nccl", "nixl", "mooncake", "kimi"),
+    "hf": ("gloo",),
+}
+
+
+class ConfigError(ValueError):
+    """A config the recipe cannot run; the message says which key and how to fix it."""
+
+
+@dataclass(frozen=True)
+class AsyncTrainingConfig:
+    """``async_training``: how far generation runs ahead of training, and how long to wait."""
+
+    staleness: int = field(
+        default=1,
+        metadata={
+            "help": "Generation batches in flight while the actor trains. The batch trained at step k was "
+            "generated with the weights after step k-1-staleness. 0 = synchronous baseline, 1 = one-step-off."
+        },
+    )
+    generation_timeout_s: float = field(
+        default=3600.0,
+        metadata={"help": "Longest the trainer waits for one generation batch before failing the run."},
+    )
+    sync_timeout_s: float = field(
+        default=600.0,
+        metadata={"help": "Longest one actor -> rollout weight sync may take before failing the run."},
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
+            raise ConfigError(
+                f"async_training.staleness={self.staleness!r} must be an integer >= 0 "
+                "(0 = synchronous, 1 = one-step-off, s = s batches in flight)."
+            )
+        for name in ("generation_timeout_s", "sync_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(
+                    f"async_training.{name}={getattr(self, name)!r} must be a positive number of seconds."
+                )
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> AsyncTrainingConfig:
+        section = OmegaConf.select(config, "async_training")
+        if section is None:
+            return cls()
+        values = OmegaConf.to_container(section, resolve=True)
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(
+                f"Unknown key(s) async_training.{', async_training.'.join(sorted(unknown))}; "
+                f"known keys: {', '.join(cls.__dataclass_fields__)}."
+            )
+        return cls(**values)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate_config(config: DictConfig) -> AsyncTrainingConfig:
+    """Check everything the recipe relies on; return the parsed ``async_training`` section."""
+    async_config = AsyncTrainingConfig.from_config(config)
+    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
+
+    _require(
+        not config.actor_rollout_ref.hybrid_engine,
+        "actor_rollout_ref.hybrid_engine=True colocates rollout and training on the same GPUs; this recipe "
+        "needs disjoint pools. Set actor_rollout_ref.hybrid_engine=False (the recipe's configs do).",
+    )
+    _require(
+        rollout.mode == "async",
+        f"actor_rollout_ref.rollout.mode={rollout.mode!r}: the recipe rolls out through verl's server "
+        "replicas and AgentLoopManager. Set actor_rollout_ref.rollout.mode=async.",
+    )
+    for key, value in (
+        ("trainer.nnodes", trainer.nnodes),
+        ("trainer.n_gpus_per_node", trainer.n_gpus_per_node),
+        ("actor_rollout_ref.rollout.nnodes", rollout.nnodes),
+        ("actor_rollout_ref.rollout.n_gpus_per_node", rollout.n_gpus_per_node),
+    ):
+        pool = "training" if key.startswith("trainer") else "rollout"
+        _require(
+            isinstance(value, int) and value > 0,
+            f"{key}={value!r} leaves the {pool} pool empty; the actor and the rollout replicas need "
+            f"disjoint pools of at least one device each. Set {key} to a positive integer.",
+        )
+
+    rollout_world = (
+        rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    )
+    rollout_devices = rollout.nnodes * rollout.n_gpus_per_node
+    _require(
+        rollout_devices % rollout_world == 0,
+        f"The rollout pool has {rollout_devices} devices (actor_rollout_ref.rollout.nnodes x n_gpus_per_node) "
+        f"but one replica needs {rollout_world} (tensor x data x pipeline parallel size); make the pool a "
+        "multiple of the replica size.",
+    )
+
+    actor_world = trainer.nnodes * trainer.n_gpus_per_node
+    actor = config.actor_rollout_ref.actor
+    n = rollout.n
+    train_batch = config.data.get("gen_batch_size") or config.data.train_batch_size
+    _require(
+        (train_batch * n) % actor_world == 0,
+        f"data.train_batch_size x rollout.n = {train_batch} x {n} = {train_batch * n} samples per step do not "
+        f"divide across the {actor_world} actor ranks (trainer.nnodes x trainer.n_gpus_per_node). "
+        f"Make data.train_batch_size * actor_rollout_ref.rollout.n a multiple of {actor_world}.",
+    )
+    _require(
+        train_batch % actor.ppo_mini_batch_size == 0,
+        f"data.train_batch_size={train_batch} is not a multiple of "
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}.",
+    )
+    _require(
+        (actor.ppo_mini_batch_size * n) % actor_world == 0,
+        f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {actor.ppo_mini_batch_size * n} samples per "
+        f"mini-batch do not divide across the {actor_world} actor ranks; make it a multiple of {actor_world}.",
+    )
+
+    backend = rollout.checkpoint_engine.backend
+    compatible = COMPATIBLE_CHECKPOINT_ENGINES.get(rollout.name)
+    _require(
+        compatible is not None,
+        f"actor_rollout_ref.rollout.name={rollout.name!r} is not a rollout backend this recipe supports; "
+        f"use one of {sorted(COMPATIBLE_CHECKPOINT_ENGINES)}.",
+    )
+    _require(
+        backend in compatible,
+        f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r} cannot feed weights to the "
+        f"{rollout.name!r} rollout backend; use {' or '.join(compatible)} "
+        "(GPU: rollout.name=vllm with backend=nccl; CPU: rollout.name=hf with backend=gloo).",
+    )
+    on_cpu = trainer.device == "cpu"
+    _require(
+        on_cpu == (rollout.name == "hf"),
+        f"trainer.device={trainer.device!r} with actor_rollout_ref.rollout.name={rollout.name!r}: the `hf` "
+        "replica is the CPU rollout backend and vLLM/SGLang need GPUs. Use --config-name=one_step_off_ppo_cpu "
+        "on CPU, or trainer.device=cuda with rollout.name=vllm on GPUs.",
+    )
+
+    _require(
+        config.algorithm.adv_estimator != "remax",
+        "algorithm.adv_estimator=remax needs an extra greedy generation per batch, which the pipeline does "
+        "not schedule; use grpo, rloo, reinforce_plus_plus or gae.",
+    )
+    _require(
+        bool(rollout.calculate_log_probs),
+        "actor_rollout_ref.rollout.calculate_log_probs=False: the off-policy correction needs the rollout's "
+        "log-probs of every sampled token. Set it to True.",
+    )
+    return async_config

@@ -1,0 +1,1 @@
+"""Hydra configs of the recipe: the GPU default and the CPU profile."""

@@ -1,0 +1,259 @@
+"""OneStepOffRayTrainer: verl's PPO step with generation ``staleness`` batches ahead of training.
+
+The actor (FSDP2, verl's engine worker with role ``actor``) lives on the trainer pool; rollout
+replicas live on their own pool (verl's standalone replicas: vLLM on GPUs, the recipe's ``hf``
+replica on CPU). This class reuses verl's step template (``SeparateRayPPOTrainer.fit_step``:
+reward -> old log-prob -> advantage -> update -> weight sync) and overrides only the seams that
+decide where a batch comes from and when weights move:
+
+- the train dataloader becomes a ``RolloutPipeline`` whose items already have their generation
+  in flight (launched ``staleness`` steps earlier, after the previous weight sync);
+- ``_fit_generate`` waits for the item's generation instead of starting it;
+- ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k, so
+  no sequence ever mixes two weight versions;
+- checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
+
+staleness 0 is the synchronous baseline on the same pools and the same code: one queue slot.
+
+    rollout pool:  G1 | G2 ........ | G3 ........ | G4        (staleness 1)
+    actor pool:       | T1 | S      | T2 | S      | T3 | S
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, open_dict
+from verl import DataProto
+from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+from verl.single_controller.ray import RayClassWithInitArgs
+from verl.trainer.ppo.ray_trainer import compute_response_mask
+from verl.trainer.ppo.utils import Role
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.debug import marked_timer
+
+from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.rollout_pipeline import InFlightBatch, PipelineTimeoutError, RolloutPipeline
+
+
+class WeightSyncError(RuntimeError):
+    """The rollout did not generate with the weight version the pipeline synced to it."""
+
+
+@contextlib.contextmanager
+def _hybrid_engine_assert_disabled(config: DictConfig) -> Iterator[None]:
+    """verl/trainer/ppo/ray_trainer.py (0.9.1): ``RayPPOTrainer.__init__`` asserts ``hybrid_engine``.
+
+    Nothing else in ``__init__`` depends on it; the flag is restored before any worker exists.
+    ``tests/test_verl_compat_on_cpu.py`` notices when verl drops the assert.
+    """
+    with open_dict(config):
+        config.actor_rollout_ref.hybrid_engine = True
+    try:
+        yield
+    finally:
+        with open_dict(config):
+            config.actor_rollout_ref.hybrid_engine = False
+
+
+class OneStepOffRayTrainer(SeparateRayPPOTrainer):
+    """PPO/GRPO on disjoint actor and rollout pools with ``async_training.staleness`` batches in flight.
+
+    The policy worker group is registered under ``Role.ActorRollout`` because verl's step code
+    addresses it so; it runs the actor only (``role="actor"``), rollout is on its own pool.
+    """
+
+    def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs) -> None:
+        self.async_config = validate_config(config)
+        with _hybrid_engine_assert_disabled(config):
+            super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs)
+        self.train_dataloader = RolloutPipeline(
+            self.train_dataloader,
+            staleness=self.async_config.staleness,
+            prepare=self._prepare_generation,
+            generate=self._generate,
+            total_epochs=self.config.trainer.total_epochs,
+        )
+        self._sync_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync")
+        self._first_step = 1
+        self._clock_origin = time.time()
+
+    # ------------------------------------------------------------------ workers
+
+    def _create_actor_rollout_classes(self) -> None:
+        pool = self.resource_pool_manager.get_resource_pool(Role.ActorRollout)
+        actor_cls = RayClassWithInitArgs(
+            cls=self.role_worker_mapping[Role.ActorRollout], config=self.config.actor_rollout_ref, role="actor"
+        )
+        self.resource_pool_to_cls[pool][str(Role.ActorRollout)] = actor_cls
+
+    def _init_async_rollout_manager(self) -> None:
+        from verl.experimental.agent_loop import AgentLoopManager
+        from verl.workers.rollout.llm_server import LLMServerManager
+
+        if self.config.actor_rollout_ref.rollout.name == "hf":
+            import recipe.one_step_off_async.cpu.hf_replica  # noqa: F401  (registers "hf" with verl)
+
+        # Standalone replicas on their own pool: LLMServerManager gets no worker group.
+        self.llm_server_manager = LLMServerManager.create(config=self.config)
+        self.async_rollout_mode = True
+        self.async_rollout_manager = AgentLoopManager.create(
+            config=self.config,
+            llm_client=self.llm_server_manager.get_client(),
+            reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
+        )
+
+    # ------------------------------------------------------------------ loop seams
+
+    def fit(self) -> None:
+        try:
+            super().fit()
+        finally:
+            self.train_dataloader.close()
+            self._sync_executor.shutdown(wait=False, cancel_futures=True)
+
+    def _prepare_generation(self, batch_dict: dict, step: int) -> tuple[DataProto, DataProto]:
+        """Build the step's batch (with uids) and the prompts sent to the rollout pool."""
+        batch = super()._fit_get_batch(batch_dict)
+        gen_batch = self._get_gen_batch(batch)
+        gen_batch.meta_info["global_steps"] = step
+        gen_batch = gen_batch.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
+        return batch, gen_batch
+
+    def _generate(self, gen_batch: DataProto) -> DataProto:
+        """Runs on the pipeline's thread while the actor trains."""
+        return self.async_rollout_manager.generate_sequences(gen_batch)
+
+    def _fit_get_batch(self, in_flight: InFlightBatch) -> InFlightBatch:
+        # The pipeline already built the batch when it launched its generation.
+        self._step_started_at = time.time()
+        return in_flight
+
+    def _fit_generate(self, in_flight: InFlightBatch) -> DataProto:
+        with marked_timer("wait_prev_gen", self.timing_raw):
+            generated = in_flight.result(timeout_s=self.async_config.generation_timeout_s)
+        ready_at = time.time()
+        output = generated.output
+        self.timing_raw["gen"] = generated.seconds
+        self.timing_raw.update(output.meta_info.pop("timing", {}))
+        self._record_weight_version(in_flight.step, output)
+        self.metrics.update(
+            {
+                "timeline/gen_start": generated.started_at - self._clock_origin,
+                "timeline/gen_end": generated.finished_at - self._clock_origin,
+                "timeline/train_start": ready_at - self._clock_origin,
+                "async/in_flight": self.train_dataloader.in_flight,
+            }
+        )
+
+        batch = in_flight.prompts.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
+        batch = batch.union(output)
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        if "response_mask" not in batch.batch.keys():
+            batch.batch["response_mask"] = compute_response_mask(batch)
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics=self.metrics)
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        return batch
+
+    def _fit_update_weights(self) -> None:
+        train_end = time.time()
+        # Generations launched with the previous weights finish before the new ones arrive.
+        with marked_timer("wait_prev_gen", self.timing_raw):
+            self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
+        sync_start = time.time()
+        with marked_timer("sync_weights", self.timing_raw):
+            sync_metrics = self._sync_weights(self.global_steps)
+        sync_end = time.time()
+        self.metrics.update(sync_metrics or {})
+        self.metrics.update(
+            {
+                "timeline/train_end": train_end - self._clock_origin,
+                "timeline/sync_start": sync_start - self._clock_origin,
+                "timeline/sync_end": sync_end - self._clock_origin,
+                # What the rollout pool generated while this step ran (for s >= 1, the batches ahead).
+                "async/gen_in_step_s": self.train_dataloader.busy_seconds(self._step_started_at, sync_end),
+            }
+        )
+
+    def _sync_weights(self, version: int) -> dict:
+        future = self._sync_executor.submit(self.checkpoint_manager.update_weights, version)
+        try:
+            return future.result(timeout=self.async_config.sync_timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise PipelineTimeoutError(
+                f"Syncing weights v{version} from the actor to the rollout replicas did not finish within "
+                f"{self.async_config.sync_timeout_s:g} s (async_training.sync_timeout_s). A rollout worker or the "
+                f"checkpoint engine ({self.config.actor_rollout_ref.rollout.checkpoint_engine.backend}) is stuck."
+            ) from None
+
+    def _record_weight_version(self, step: int, output: DataProto) -> None:
+        """Check the versions the rollout reports against the contract; log the measured staleness."""
+        first, last = (output.non_tensor_batch.get(key) for key in ("min_global_steps", "max_global_steps"))
+        if first is None or any(v is None for v in first) or any(v is None for v in last):
+            raise WeightSyncError(
+                f"The {self.config.actor_rollout_ref.rollout.name!r} rollout did not report the weight version of "
+                "its outputs (TokenOutput.extra_fields['global_steps']); the pipeline cannot verify its weight syncs."
+            )
+        first, last = first.astype(np.int64), last.astype(np.int64)
+        if np.any(first != last):
+            raise WeightSyncError(
+                f"Samples of the batch for step {step} were generated across weight versions "
+                f"{sorted(set(first) | set(last))}: a weight sync reached the rollout mid-generation."
+            )
+        expected = max(self._first_step - 1, step - 1 - self.async_config.staleness)
+        versions = sorted(set(first.tolist()))
+        if versions != [expected]:
+            raise WeightSyncError(
+                f"The batch for step {step} was generated with weight version(s) {versions}, expected v{expected} "
+                f"(staleness {self.async_config.staleness}): a weight sync did not reach the rollout replicas."
+            )
+        self.metrics["async/staleness"] = (step - 1) - expected
+        self.metrics["async/weight_version"] = expected
+
+    def _fit_collect_metrics(self, batch: DataProto) -> None:
+        super()._fit_collect_metrics(batch)
+        # (max(gen, train) + sync) / step, with gen = generation that ran during this step: 1.0 when
+        # the slower pool never waits for the faster one, (max + sync) / (gen + train + sync) in lockstep.
+        timing = self.timing_raw
+        sync = timing["sync_weights"]
+        train = timing["step"] - timing["wait_prev_gen"] - sync
+        self.metrics["timing_s/train"] = train
+        self.metrics["async/overlap_efficiency"] = (max(self.metrics["async/gen_in_step_s"], train) + sync) / timing[
+            "step"
+        ]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _load_checkpoint(self) -> None:
+        super()._load_checkpoint()
+        if self.global_steps > 0:
+            # verl skips the dataloader state at epoch boundaries and restarts the sampler, which
+            # reshuffles differently from an uninterrupted run; the pipeline always restores it.
+            self._restore_data_position()
+        self._first_step = self.global_steps + 1
+        self.train_dataloader.start(first_step=self._first_step, last_step=self.total_training_steps)
+
+    def _restore_data_position(self) -> None:
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            folder = trainer.resume_from_path
+        else:
+            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+        path = os.path.join(os.path.abspath(folder), "data.pt")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"Checkpoint {folder} has no data.pt (the data position): resuming without it would retrain "
+                "or skip batches. Resume from a complete checkpoint, or set trainer.resume_mode=disable."
+            )
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as error:
+            raise RuntimeError(f"Cannot read the data position {path}: {error}. The checkpoint is corrupt.") from error
+        self.train_dataloader.load_state_dict(state)

@@ -1,0 +1,185 @@
+"""The real OneStepOffRayTrainer with stub workers: a fake rollout pool, weight sync and actor RPCs.
+
+Everything between the RPC boundaries is the production code (verl's step template, the
+pipeline, version checks, metrics); only the remote calls are replaced. Each stub appends to one
+shared event log, so tests can check the loop's order: when generation k+s was launched
+relative to update k, how many batches were in flight, and that every update is followed by a
+sync while no generation runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_module
+from torch.utils.data import Dataset
+from verl import DataProto
+from verl.single_controller.ray.base import ResourcePoolManager
+from verl.trainer.ppo.utils import Role
+from verl.utils.dataset.rl_dataset import collate_fn
+
+from recipe.one_step_off_async.ray_trainer import OneStepOffRayTrainer
+
+PROMPT_LEN, RESPONSE_LEN = 4, 3
+
+
+@dataclass
+class EventLog:
+    events: list[tuple] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, *event) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def index(self, *event) -> int:
+        return self.events.index(event)
+
+    def of(self, kind: str) -> list[tuple]:
+        return [e for e in self.events if e[0] == kind]
+
+
+class PromptDataset(Dataset):
+    """Rows shaped like verl's RLHFDataset output; `index` identifies the prompt."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+            "raw_prompt": [{"role": "user", "content": f"prompt {i}"}],
+            "index": i,
+            "data_source": "stub",
+            "reward_model": {"style": "rule", "ground_truth": str(i)},
+            "extra_info": {},
+        }
+
+
+class StubRollout:
+    """Stands in for AgentLoopManager: returns padded sequences tagged with its weight version."""
+
+    def __init__(self, log: EventLog, seconds: float = 0.05, fail_at_step: int | None = None) -> None:
+        self.log, self.seconds, self.fail_at_step = log, seconds, fail_at_step
+        self.version = -1
+        self.running = False
+
+    def generate_sequences(self, gen_batch: DataProto) -> DataProto:
+        step = gen_batch.meta_info["global_steps"]
+        self.running = True
+        self.log.add("gen_start", step, self.version)
+        try:
+            time.sleep(self.seconds)
+            if step == self.fail_at_step:
+                raise ValueError(f"stub generation failed for step {step}")
+            return self._output(len(gen_batch))
+        finally:
+            self.log.add("gen_end", step, self.version)
+            self.running = False
+
+    def _output(self, size: int) -> DataProto:
+        prompts = torch.randint(3, 50, (size, PROMPT_LEN))
+        responses = torch.randint(3, 50, (size, RESPONSE_LEN))
+        attention_mask = torch.ones(size, PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
+        rm_scores = torch.zeros(size, RESPONSE_LEN)
+        rm_scores[:, -1] = torch.rand(size)
+        versions = np.array([self.version] * size, dtype=object)
+        return DataProto.from_dict(
+            tensors={
+                "prompts": prompts,
+                "responses": responses,
+                "response_mask": torch.ones(size, RESPONSE_LEN, dtype=torch.long),
+                "input_ids": torch.cat([prompts, responses], dim=1),
+                "attention_mask": attention_mask,
+                "position_ids": torch.arange(PROMPT_LEN + RESPONSE_LEN).expand(size, -1).clone(),
+                "rollout_log_probs": -torch.rand(size, RESPONSE_LEN),
+                "rm_scores": rm_scores,
+            },
+            non_tensors={"min_global_steps": versions, "max_global_steps": versions.copy()},
+            meta_info={"timing": {}},
+        )
+
+
+class StubWeightSync:
+    """Stands in for verl's CheckpointEngineManager: sets the stub rollout's weight version."""
+
+    def __init__(self, log: EventLog, rollout: StubRollout, skip_version: int | None = None) -> None:
+        self.log, self.rollout, self.skip_version = log, rollout, skip_version
+
+    def update_weights(self, global_steps: int) -> dict:
+        self.log.add("sync", global_steps, self.rollout.running)
+        if global_steps != self.skip_version:
+            self.rollout.version = global_steps
+        return {}
+
+    def sleep_replicas(self) -> None:
+        pass
+
+
+def prompt_ids(batch: DataProto) -> tuple[int, ...]:
+    return tuple(int(row["ground_truth"]) for row in batch.non_tensor_batch["reward_model"])
+
+
+class StubbedTrainer(OneStepOffRayTrainer):
+    """Replaces the actor RPCs; records launches, updates and the metrics of every step."""
+
+    log: EventLog
+
+    def _prepare_generation(self, batch_dict, step):
+        self.log.add("launch", step)
+        return super()._prepare_generation(batch_dict, step)
+
+    def _compute_old_log_prob(self, batch: DataProto):
+        shape = batch.batch["responses"].shape
+        return DataProto.from_dict(tensors={"old_log_probs": -torch.rand(shape), "entropys": torch.rand(shape)}), 0.0
+
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        self.log.add("update", self.global_steps, self.train_dataloader.in_flight, prompt_ids(batch))
+        return DataProto.from_single_dict(data={}, meta_info={"metrics": {"actor/pg_loss": 0.0}})
+
+    def _fit_postprocess_step(self) -> None:
+        self.logged_metrics.append(dict(self.metrics))
+        super()._fit_postprocess_step()
+
+
+def compose_config(*overrides: str):
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        return compose(
+            config_name="one_step_off_ppo_trainer",
+            overrides=[
+                "trainer.n_gpus_per_node=2",
+                "data.train_batch_size=4",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.model.path=unused",
+                "trainer.logger=[]",
+                "trainer.val_before_train=false",
+                "trainer.test_freq=-1",
+                "trainer.save_freq=-1",
+                "trainer.balance_batch=false",
+                "data.dataloader_num_workers=0",
+                "trainer.resume_mode=disable",
+                *overrides,
+            ],
+        )
+
+
+def build_trainer(config, log: EventLog, rollout: StubRollout, sync: StubWeightSync, dataset_size: int = 16):
+    role_worker_mapping = {Role.ActorRollout: object}
+    pools = ResourcePoolManager(resource_pool_spec={"trainer_pool": [2]}, mapping={Role.ActorRollout: "trainer_pool"})
+    dataset = PromptDataset(dataset_size)
+    trainer = StubbedTrainer(
+        config, None, role_worker_mapping, pools, train_dataset=dataset, val_dataset=dataset, collate_fn=collate_fn
+    )
+    trainer.log, trainer.logged_metrics = log, []
+    trainer.async_rollout_manager = rollout
+    trainer.checkpoint_manager = sync
+    trainer.actor_rollout_wg = object()
+    return trainer

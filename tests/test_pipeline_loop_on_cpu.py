@@ -1,0 +1,101 @@
+"""Loop order of the real trainer with stub workers: launches, in-flight depth, syncs, resume point."""
+
+from __future__ import annotations
+
+import pytest
+from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
+
+from recipe.one_step_off_async.ray_trainer import WeightSyncError
+
+TOTAL_STEPS = 6
+
+
+def run(staleness: int, steps: int = TOTAL_STEPS, **rollout_kwargs):
+    log = EventLog()
+    rollout = StubRollout(log, **rollout_kwargs)
+    sync = StubWeightSync(log, rollout)
+    config = compose_config(f"async_training.staleness={staleness}", f"trainer.total_training_steps={steps}")
+    trainer = build_trainer(config, log, rollout, sync)
+    trainer.fit()
+    return trainer, log
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_generation_runs_staleness_batches_ahead_of_training(staleness):
+    trainer, log = run(staleness)
+
+    updates = log.of("update")
+    assert [u[1] for u in updates] == list(range(1, TOTAL_STEPS + 1))
+    for _, step, in_flight, _ in updates:
+        ahead = step + staleness
+        if ahead <= TOTAL_STEPS:
+            # Generation k+s was launched before update k ...
+            assert log.index("launch", ahead) < log.index("update", step, in_flight, updates[step - 1][3])
+        # ... and never more than s batches are in flight while the actor updates.
+        assert in_flight == min(staleness, TOTAL_STEPS - step)
+    # No generation beyond the last step.
+    assert [e[1] for e in log.of("launch")] == list(range(1, TOTAL_STEPS + 1))
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_weights_sync_after_every_update_while_no_generation_runs(staleness):
+    trainer, log = run(staleness)
+
+    syncs = log.of("sync")
+    assert [s[1] for s in syncs] == list(range(0, TOTAL_STEPS + 1))  # initial v0, then v_k after update k
+    assert not any(running for _, _, running in syncs)
+    for step in range(1, TOTAL_STEPS + 1):
+        update = next(e for e in log.events if e[0] == "update" and e[1] == step)
+        assert log.events.index(update) < log.index("sync", step, False)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_each_batch_is_generated_with_weights_from_step_k_minus_1_minus_s(staleness):
+    trainer, log = run(staleness)
+
+    for _, step, version in log.of("gen_start"):
+        assert version == max(0, step - 1 - staleness)
+    measured = [m["async/staleness"] for m in trainer.logged_metrics]
+    assert measured == [min(staleness, step - 1) for step in range(1, TOTAL_STEPS + 1)]
+    for metrics in trainer.logged_metrics:
+        for key in ("timing_s/step", "timing_s/wait_prev_gen", "timing_s/sync_weights", "timing_s/gen"):
+            assert metrics[key] >= 0
+        assert 0 < metrics["async/overlap_efficiency"] <= 1.01  # two clocks: timer vs wall time
+
+
+def test_data_order_is_the_dataloader_order_for_every_staleness():
+    orders = []
+    for staleness in (0, 1, 2):
+        _, log = run(staleness)
+        orders.append([u[3] for u in log.of("update")])
+    assert orders[0] == orders[1] == orders[2]
+    first_epoch = [index for batch in orders[0][:4] for index in batch]  # 16 prompts, 4 per step
+    assert sorted(set(first_epoch)) == list(range(16))
+
+
+def test_generation_error_reaches_the_driver_with_the_original_exception():
+    with pytest.raises(ValueError, match="stub generation failed for step 3"):
+        run(staleness=1, fail_at_step=3)
+
+
+def test_a_skipped_weight_sync_is_an_error_not_a_silent_stale_batch():
+    log = EventLog()
+    rollout = StubRollout(log)
+    sync = StubWeightSync(log, rollout, skip_version=2)
+    trainer = build_trainer(
+        compose_config("async_training.staleness=1", "trainer.total_training_steps=6"), log, rollout, sync
+    )
+    with pytest.raises(WeightSyncError, match="expected v2"):
+        trainer.fit()
+
+
+def test_generation_timeout_names_what_it_waited_for():
+    log = EventLog()
+    rollout = StubRollout(log, seconds=5.0)
+    sync = StubWeightSync(log, rollout)
+    config = compose_config(
+        "async_training.staleness=1", "trainer.total_training_steps=2", "async_training.generation_timeout_s=0.2"
+    )
+    trainer = build_trainer(config, log, rollout, sync)
+    with pytest.raises(TimeoutError, match="training step 1 did not finish within 0.2 s"):
+        trainer.fit()

@@ -1,0 +1,124 @@
+"""The CPU platform plugin, and tripwires for every place the recipe works around verl 0.9.1.
+
+Each workaround names the verl code it depends on; these tests fail when verl changes that code,
+so an upgrade cannot leave a patch silently wrong or unnecessary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import verl
+
+from recipe.one_step_off_async.cpu import verl_patches
+
+
+def test_recipe_targets_the_pinned_verl_version():
+    assert verl.__version__ == verl_patches.VERL_VERSION
+
+
+def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules():
+    """What every Ray worker does: import verl with the env from cpu.activate()."""
+    from recipe.one_step_off_async import cpu
+
+    probe = textwrap.dedent(
+        """
+        import verl
+        from verl.utils import distributed
+        from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_resource_name
+        from verl.utils.device import get_torch_device
+        from verl.plugin.platform import get_platform
+        print(get_device_name(), get_nccl_backend(), get_resource_name(), get_device_id(),
+              type(get_platform()).__name__, get_torch_device().max_memory_allocated(),
+              distributed.initialize_global_process_group_ray.__defaults__)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env={**_clean_env(), **cpu.cpu_env_vars()}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "cpu gloo CPU cpu PlatformCPU 0 (None, 'gloo')"
+
+
+def test_without_the_env_verl_keeps_its_own_platform_and_is_not_patched():
+    probe = "import verl.utils.distributed as d; print(d.initialize_global_process_group_ray.__defaults__)"
+    out = subprocess.run([sys.executable, "-c", probe], env=_clean_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("(None, None)")
+
+
+def test_cpu_platform_speaks_torch_cpu():
+    from recipe.one_step_off_async.cpu.cpu_platform import PlatformCPU
+
+    platform = PlatformCPU()
+    assert torch.ones(1).to(platform.current_device()).device.type == "cpu"
+    assert platform.ray_resource_options(2) == {"num_cpus": 2}
+    assert not platform.is_platform_available()  # never auto-detected on a GPU machine
+    module = platform.device_module
+    state = module.get_rng_state()
+    module.manual_seed(3)
+    first = torch.rand(1)
+    module.set_rng_state(state)
+    module.manual_seed(3)
+    assert torch.equal(first, torch.rand(1))
+    with pytest.raises(AttributeError, match="no attribute 'not_a_cuda_api'"):
+        module.not_a_cuda_api  # noqa: B018
+
+
+def test_p1_verl_still_builds_a_duplicate_cpu_backend():
+    from verl.utils import distributed
+
+    source = inspect.getsource(distributed.initialize_global_process_group_ray)
+    assert 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"' in source
+    assert list(inspect.signature(distributed.initialize_global_process_group_ray).parameters) == [
+        "timeout_second",
+        "backend",
+    ]
+
+
+def test_p2_verl_still_counts_only_gpu_and_npu(monkeypatch):
+    from verl.single_controller.ray import base
+
+    module_source = inspect.getsource(base)
+    assert 'node_info.get("GPU", 0) if "GPU" in node_info else node_info.get("NPU", 0)' in module_source
+    assert base.ResourcePoolManager._check_resource_available is verl_patches._check_resource_available
+
+    import ray
+
+    monkeypatch.setattr(ray._private.state, "available_resources_per_node", lambda: {"n": {"CPU": 3.0}})
+    manager = base.ResourcePoolManager(resource_pool_spec={"trainer_pool": [2]}, mapping={})
+    manager._check_resource_available()
+    manager = base.ResourcePoolManager(resource_pool_spec={"trainer_pool": [2], "other": [2]}, mapping={})
+    with pytest.raises(ValueError, match="has 3 CPU available .* need 4"):
+        manager._check_resource_available()
+
+
+def test_fsdp_engines_are_still_registered_for_cuda_and_npu_only():
+    """Why cpu_env_vars() sets VERL_ENGINE_DEVICE=cuda: verl's override in EngineRegistry.get_engine_cls."""
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl  # noqa: F401  (registers the engines)
+
+    registry = EngineRegistry._engines["language_model"]["fsdp2"]
+    assert "cpu" not in registry and "cuda" in registry
+    assert 'os.getenv("VERL_ENGINE_DEVICE")' in inspect.getsource(EngineRegistry.get_engine_cls)
+
+
+def test_ray_trainer_still_asserts_hybrid_engine():
+    """Why OneStepOffRayTrainer wraps its parent's __init__ (_hybrid_engine_assert_disabled)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    assert 'assert self.hybrid_engine, "Currently, only support hybrid engine"' in inspect.getsource(
+        RayPPOTrainer.__init__
+    )
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    drop = {"VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
