@@ -80,7 +80,7 @@ def test_resume_after_the_last_step_continues_into_more_steps():
     pipeline = make_pipeline(1)
     pipeline.start(1, 6)
     for _ in range(2):
-        for item in pipeline:
+        for _item in pipeline:
             pipeline.wait_idle(timeout_s=5)
     state = pipeline.state_dict()  # nothing in flight: right after batch 6
     resumed = make_pipeline(1)

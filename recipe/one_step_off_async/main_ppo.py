@@ -56,8 +56,13 @@ class OneStepOffTaskRunner:
 
     def run(self, config: DictConfig) -> None:
         from verl.experimental.separation.utils import create_resource_pool_manager
-        from verl.trainer.ppo.utils import Role, create_rl_dataset, create_rl_sampler, need_critic
-        from verl.trainer.ppo.utils import need_reference_policy
+        from verl.trainer.ppo.utils import (
+            Role,
+            create_rl_dataset,
+            create_rl_sampler,
+            need_critic,
+            need_reference_policy,
+        )
         from verl.utils.config import omega_conf_to_dataclass
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.workers.config import HFModelConfig
