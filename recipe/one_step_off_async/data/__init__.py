@@ -1,0 +1,1 @@
+"""Dataset preparation for the recipe's GPU launch scripts."""
