@@ -1,0 +1,189 @@
+"""Build-once cache of the demo assets: tokenizer, warm-started tiny Qwen2, RL parquet splits, reward.
+
+What: ``ensure_assets(cache_dir, seed)`` returns a ``DemoAssets`` of absolute paths, building them
+first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet::
+
+    model/          tokenizer + Qwen2 weights + generation_config.json (load with from_pretrained)
+    train.parquet   4096 rows in verl's RL format
+    val.parquet     128 rows, disjoint from train
+    manifest.json   what was built and the warm start's val accuracy; written last
+
+``cache_dir`` defaults to ``$ONE_STEP_OFF_ASSETS_DIR``, else ``~/.cache/one_step_off_async``.
+
+Why: the demo and the CPU tests must run offline and reproducibly: everything is generated from
+the seed (same seed, same bytes for the data and the tokenizer; same weights on the same
+software stack). The build (about 15 s on one core, mostly the warm start) runs in a hidden
+staging directory that is renamed into place only when complete, under an exclusive lock on
+``<dir>.lock``: a failed build removes its staging directory (a killed one leaves it behind,
+never read), nothing half-built ever looks complete, and concurrent callers (threads or
+processes) build once and share. Bump ``ASSETS_VERSION`` whenever a change alters what the
+build writes.
+
+How::
+
+    python -m recipe.one_step_off_async.demo.assets [--cache-dir D] [--seed S]
+
+prints the paths and the verl overrides that point a trainer at them.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
+from recipe.one_step_off_async.demo.model import init_model, save_model
+from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
+from recipe.one_step_off_async.demo.task import MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, split_problems, write_splits
+from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
+from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_start
+
+logger = logging.getLogger(__name__)
+
+ASSETS_VERSION = "v2"  # v1: a pre-release build whose tokenizer did not survive save + reload
+CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
+DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
+MANIFEST = "manifest.json"
+MODEL_SUBDIR = "model"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoAssets:
+    """Absolute paths of one complete asset build, plus the numbers a trainer config needs."""
+
+    root: str
+    model_dir: str  # tokenizer and model; actor_rollout_ref.model.path
+    train_file: str
+    val_file: str
+    reward_path: str  # file holding the reward function; reward.custom_reward_function.path
+    reward_name: str  # reward.custom_reward_function.name
+    max_prompt_length: int  # every prompt is exactly this many tokens, chat template included
+    max_response_length: int  # longest correct answer, eos included
+    seed: int
+    val_greedy_accuracy: float  # of the warm-started model, measured by the build
+    val_sampled_accuracy: float  # same, one sample per prompt at temperature 1
+
+    def verl_overrides(self) -> list[str]:
+        """Hydra overrides of verl's ppo_trainer config that select these assets."""
+        return [
+            f"data.train_files={self.train_file}",
+            f"data.val_files={self.val_file}",
+            f"data.max_prompt_length={self.max_prompt_length}",
+            f"data.max_response_length={self.max_response_length}",
+            f"actor_rollout_ref.model.path={self.model_dir}",
+            f"reward.custom_reward_function.path={self.reward_path}",
+            f"reward.custom_reward_function.name={self.reward_name}",
+        ]
+
+
+def asset_dir(cache_dir: str | os.PathLike | None, seed: int) -> Path:
+    """Where ``ensure_assets`` keeps the build for ``seed`` under ``cache_dir`` (see the module docstring)."""
+    base = cache_dir if cache_dir is not None else os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
+    return Path(base).expanduser().resolve() / f"assets-{ASSETS_VERSION}-seed{seed}"
+
+
+def ensure_assets(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> DemoAssets:
+    """Return the assets for ``seed``, building them first if they are not in the cache yet."""
+    root = asset_dir(cache_dir, seed)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root.with_name(root.name + ".lock")):
+        if not root.exists():
+            _build_atomically(root, seed)
+        return _load(root, seed)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def _build_atomically(root: Path, seed: int) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    try:
+        _build(staging, seed)
+        staging.rename(root)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def _build(out_dir: Path, seed: int) -> None:
+    started = time.perf_counter()
+    logger.info("building demo assets (seed %d) in %s", seed, out_dir)
+    tokenizer = build_tokenizer()
+    problems = split_problems(seed)
+    paths = write_splits(problems, out_dir)
+    val_rows = read_rows(paths["val"])
+    with reproducible_torch():
+        model = init_model(tokenizer, seed)
+        warm_start(model, tokenizer, problems["train"], seed)
+        greedy = model_accuracy(model, tokenizer, val_rows)
+        sampled = model_accuracy(model, tokenizer, val_rows, temperature=1.0, seed=seed)
+    save_model(model, tokenizer, out_dir / MODEL_SUBDIR)
+    manifest = {
+        "version": ASSETS_VERSION,
+        "seed": seed,
+        "files": {"model_dir": MODEL_SUBDIR, "train_file": paths["train"].name, "val_file": paths["val"].name},
+        "val_greedy_accuracy": greedy,
+        "val_sampled_accuracy": sampled,
+        "build_seconds": round(time.perf_counter() - started, 1),
+    }
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    logger.info("built demo assets: val accuracy greedy %.3f, sampled %.3f", greedy, sampled)
+
+
+def _load(root: Path, seed: int) -> DemoAssets:
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise RuntimeError(
+            f"{root} exists but has no {MANIFEST}, so it is not a complete demo asset build "
+            "(builds appear there only by an atomic rename when complete). Delete it and call ensure_assets again."
+        )
+    manifest = json.loads(manifest_path.read_text())
+    if (manifest["version"], manifest["seed"]) != (ASSETS_VERSION, seed):
+        raise RuntimeError(
+            f"{manifest_path} describes version {manifest['version']} seed {manifest['seed']}, expected "
+            f"{ASSETS_VERSION} seed {seed}; delete {root} and call ensure_assets again."
+        )
+    files = {name: root / relative for name, relative in manifest["files"].items()}
+    missing = sorted(str(path) for path in files.values() if not path.exists())
+    if missing:
+        raise RuntimeError(f"demo asset build {root} lacks {missing}; delete {root} and call ensure_assets again.")
+    return DemoAssets(
+        root=str(root),
+        model_dir=str(files["model_dir"]),
+        train_file=str(files["train_file"]),
+        val_file=str(files["val_file"]),
+        reward_path=reward_function_path(),
+        reward_name=compute_score.__name__,
+        max_prompt_length=MAX_PROMPT_LENGTH,
+        max_response_length=MAX_RESPONSE_LENGTH,
+        seed=seed,
+        val_greedy_accuracy=manifest["val_greedy_accuracy"],
+        val_sampled_accuracy=manifest["val_sampled_accuracy"],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build (once) and print the one-step-off demo assets.")
+    parser.add_argument("--cache-dir", help=f"cache root; default ${CACHE_DIR_ENV}, else {DEFAULT_CACHE_DIR}")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    assets = ensure_assets(args.cache_dir, args.seed)
+    print(json.dumps(dataclasses.asdict(assets), indent=2))
+    print("verl overrides:\n  " + " \\\n  ".join(assets.verl_overrides()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Offline accuracy of a demo model on a split: a sanity check of the assets, not verl's validation.
+
+What: generates one answer per row with HF ``generate`` (greedy, or sampled at a temperature),
+decodes it as verl's reward managers do (up to the first eos, special tokens skipped) and scores
+it with the task's ``compute_score``.
+
+Why: the asset build records the warm-started model's accuracy, and tests check it lies in the
+intended band, without starting a verl trainer.
+
+How: ``accuracy(assets.model_dir, assets.val_file)``; ``temperature=1.0`` for sampled accuracy.
+"""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from recipe.one_step_off_async.demo.reward import compute_score
+from recipe.one_step_off_async.demo.task import MAX_RESPONSE_LENGTH
+from recipe.one_step_off_async.demo.tokenizer import encode_chat_prompt
+
+
+def read_rows(data_file: str | Path) -> list[dict]:
+    """The rows of a parquet split as dicts (nested columns as dicts and lists)."""
+    return pq.read_table(data_file).to_pylist()
+
+
+@torch.no_grad()
+def generate_responses(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[list[dict[str, str]]],
+    temperature: float,
+    seed: int,
+) -> list[str]:
+    """Decoded responses to chat ``messages`` (one batch, left-padded); greedy when ``temperature`` is 0."""
+    prompts = [encode_chat_prompt(tokenizer, m) for m in messages]
+    width = max(map(len, prompts))
+    input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt) :] = 1
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
+    config = GenerationConfig(
+        max_new_tokens=MAX_RESPONSE_LENGTH,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **sampling,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    responses = []
+    for token_ids in output[:, width:].tolist():
+        if tokenizer.eos_token_id in token_ids:
+            token_ids = token_ids[: token_ids.index(tokenizer.eos_token_id) + 1]
+        responses.append(tokenizer.decode(token_ids, skip_special_tokens=True))
+    return responses
+
+
+def model_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict],
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> float:
+    """Mean reward of ``model``'s answers to verl-format ``rows``."""
+    responses = generate_responses(model, tokenizer, [row["prompt"] for row in rows], temperature, seed)
+    scores = [
+        compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
+        for row, response in zip(rows, responses, strict=True)
+    ]
+    return sum(scores) / len(scores)
+
+
+def accuracy(model_dir: str | Path, data_file: str | Path, temperature: float = 0.0, seed: int = 0) -> float:
+    """Mean reward of the model saved in ``model_dir`` on the parquet ``data_file`` (greedy by default)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model_accuracy(model, tokenizer, read_rows(data_file), temperature, seed)

@@ -1,0 +1,113 @@
+"""The demo task: sort five letters. Problem generation, verl's RL parquet format, answer checking.
+
+What: a prompt ``sort dbeca`` asks for the letters in alphabetical order, duplicates kept
+(``abcde``; ``sort abcab`` -> ``aabbc``). Letters come from ``a``-``j``, so about 70% of the
+problems contain a repeated letter. The rule-based reward (``reward.py``) and the offline accuracy
+check (``evaluate.py``) both score answers with ``score_answer`` below.
+
+Why this task: prompts (18 tokens with the chat template) and answers (at most 6 tokens incl.
+eos) are short, so a 0.4M-parameter model trains in seconds on one CPU core, and repeated letters
+give the warm start a natural, systematic mistake for RL to fix (see ``warm_start.py``).
+
+How: ``write_splits(split_problems(seed), out_dir)`` writes ``train.parquet`` and ``val.parquet``,
+whose rows hold ``data_source``, ``prompt``, ``ability``, ``reward_model`` and ``extra_info`` as
+verl's ``RLHFDataset`` and reward managers expect.
+"""
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DATA_SOURCE = "one_step_off_async/sort_letters"
+ABILITY = "sorting"
+ALPHABET = "abcdefghij"
+NUM_LETTERS = 5
+PROMPT_PREFIX = "sort "
+NUM_TRAIN = 4096
+NUM_VAL = 128
+# Token counts under the demo tokenizer (tests check them): 8 template tokens around the user turn
+# plus one token per character of the content; an answer is one token per letter plus eos.
+MAX_PROMPT_LENGTH = 8 + len(PROMPT_PREFIX) + NUM_LETTERS
+MAX_RESPONSE_LENGTH = NUM_LETTERS + 1
+
+ROW_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+        ("extra_info", pa.struct([("index", pa.int64()), ("split", pa.string())])),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    letters: str
+
+    @property
+    def prompt(self) -> str:
+        return PROMPT_PREFIX + self.letters
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self.prompt}]
+
+    @property
+    def answer(self) -> str:
+        return "".join(sorted(self.letters))
+
+
+def sample_problems(count: int, seed: int) -> list[Problem]:
+    """``count`` distinct problems, the same list for the same ``seed``."""
+    num_possible = len(ALPHABET) ** NUM_LETTERS
+    if count > num_possible:
+        raise ValueError(f"asked for {count} distinct problems but only {num_possible} exist")
+    problems = []
+    for code in random.Random(seed).sample(range(num_possible), count):
+        letters = []
+        for _ in range(NUM_LETTERS):
+            code, digit = divmod(code, len(ALPHABET))
+            letters.append(ALPHABET[digit])
+        problems.append(Problem("".join(letters)))
+    return problems
+
+
+def split_problems(seed: int) -> dict[str, list[Problem]]:
+    """Disjoint ``train`` and ``val`` problem lists."""
+    problems = sample_problems(NUM_VAL + NUM_TRAIN, seed)
+    return {"val": problems[:NUM_VAL], "train": problems[NUM_VAL:]}
+
+
+def to_rows(problems: list[Problem], split: str) -> list[dict]:
+    """Rows in verl's RL dataset format."""
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": problem.messages,
+            "ability": ABILITY,
+            "reward_model": {"style": "rule", "ground_truth": problem.answer},
+            "extra_info": {"index": index, "split": split},
+        }
+        for index, problem in enumerate(problems)
+    ]
+
+
+def write_splits(splits: dict[str, list[Problem]], out_dir: str | Path) -> dict[str, Path]:
+    """Write each split's rows to ``<out_dir>/<split>.parquet``; return the paths by split."""
+    paths = {}
+    for split, problems in splits.items():
+        paths[split] = Path(out_dir) / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(to_rows(problems, split), schema=ROW_SCHEMA), paths[split])
+    return paths
+
+
+def score_answer(response: str, ground_truth: str) -> float:
+    """1.0 if the response, up to surrounding whitespace, is exactly the sorted letters, else 0.0.
+
+    Any string is accepted: garbage, empty or overlong text scores 0.0.
+    """
+    return 1.0 if response.strip() == ground_truth else 0.0

@@ -1,0 +1,389 @@
+"""Tests of the built-in demo assets (recipe/one_step_off_async/demo): tokenizer, data, reward,
+warm-started model, and the build-once cache. One real build (about 15-20 s on one core) is shared
+by the module; everything else is cheap.
+
+    pytest tests/test_demo_assets_on_cpu.py
+"""
+
+import dataclasses
+import json
+import shutil
+import string
+import sys
+import threading
+import time
+
+import datasets
+import pyarrow.parquet as pq
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
+from verl.trainer.ppo.reward import get_custom_reward_fn
+from verl.utils import hf_tokenizer
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+from recipe.one_step_off_async.demo import assets as assets_module
+from recipe.one_step_off_async.demo.assets import ASSETS_VERSION, CACHE_DIR_ENV, asset_dir, ensure_assets
+from recipe.one_step_off_async.demo.evaluate import accuracy, generate_responses, read_rows
+from recipe.one_step_off_async.demo.model import init_model
+from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
+from recipe.one_step_off_async.demo.task import (
+    DATA_SOURCE,
+    MAX_PROMPT_LENGTH,
+    MAX_RESPONSE_LENGTH,
+    NUM_LETTERS,
+    NUM_TRAIN,
+    NUM_VAL,
+    PROMPT_PREFIX,
+    ROW_SCHEMA,
+    split_problems,
+    write_splits,
+)
+from recipe.one_step_off_async.demo.tokenizer import build_tokenizer, encode_chat_prompt
+from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_start
+
+# The warm-started model's val accuracy must leave room to improve and give GRPO a signal.
+# Measured for seeds 0/1/2: greedy 0.30/0.33/0.29, sampled at temperature 1 0.27/0.27/0.23.
+GREEDY_BAND = (0.2, 0.45)
+SAMPLED_BAND = (0.1, 0.45)
+
+USER_TURN = [{"role": "user", "content": "sort dbeca"}]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One real build: (cache_dir, DemoAssets)."""
+    cache_dir = tmp_path_factory.mktemp("demo-cache")
+    return cache_dir, ensure_assets(cache_dir, seed=0)
+
+
+@pytest.fixture(scope="module")
+def assets(built):
+    return built[1]
+
+
+@pytest.fixture
+def isolated_hf_datasets_cache(tmp_path, monkeypatch):
+    """RLHFDataset reads parquet through `datasets`, which caches under ~/.cache unless told otherwise."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+
+
+# --- tokenizer -----------------------------------------------------------------------------------
+
+
+def test_tokenizer_round_trips_any_text_one_token_per_ascii_character():
+    tokenizer = build_tokenizer()
+    text = "sort dbeca\n\n  x\t12+34= 'll 's " + string.printable + " wörld ✓"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert len(tokenizer.encode(string.printable)) == len(string.printable)
+
+
+def test_chat_template_renders_chatml_with_and_without_generation_prompt():
+    tokenizer = build_tokenizer()
+    conversation = [*USER_TURN, {"role": "assistant", "content": "abcde"}]
+    assert (
+        tokenizer.apply_chat_template(conversation, tokenize=False)
+        == "<|im_start|>user\nsort dbeca<|im_end|>\n<|im_start|>assistant\nabcde<|im_end|>\n"
+    )
+    assert (
+        tokenizer.apply_chat_template(USER_TURN, add_generation_prompt=True, tokenize=False)
+        == "<|im_start|>user\nsort dbeca<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tokens = tokenizer.convert_ids_to_tokens(encode_chat_prompt(tokenizer, USER_TURN))
+    assert tokens[:3] == ["<|im_start|>", "user", "Ċ"]  # role names and "\n" are single tokens
+    assert tokens[-5:] == ["<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ"]
+    assert len(tokens) == MAX_PROMPT_LENGTH
+
+
+def test_saved_tokenizer_loads_unchanged_through_transformers_and_verl(assets):
+    built_here = build_tokenizer()
+    for loaded in (AutoTokenizer.from_pretrained(assets.model_dir), hf_tokenizer(assets.model_dir)):
+        assert type(loaded) is type(built_here)
+        assert (loaded.eos_token, loaded.pad_token) == ("<|im_end|>", "<|endoftext|>")
+        assert (loaded.eos_token_id, loaded.pad_token_id) == (built_here.eos_token_id, built_here.pad_token_id)
+        assert loaded.get_vocab() == built_here.get_vocab()
+        assert encode_chat_prompt(loaded, USER_TURN) == encode_chat_prompt(built_here, USER_TURN)
+        assert loaded.decode(loaded.encode("a b\nc")) == "a b\nc"
+
+
+def test_verl_qwen_continuous_token_builder_renders_the_same_prompt(assets):
+    tokenizer = hf_tokenizer(assets.model_dir)
+    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
+    assert builder.build_initial_tokens(USER_TURN) == encode_chat_prompt(tokenizer, USER_TURN)
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+
+def test_model_loads_as_tiny_fp32_qwen2_with_generation_config(assets):
+    model = AutoModelForCausalLM.from_pretrained(assets.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
+    assert isinstance(model, Qwen2ForCausalLM)
+    assert model.dtype == torch.float32
+    assert not model.config.tie_word_embeddings
+    assert model.config.vocab_size == len(tokenizer)
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    generation_config = GenerationConfig.from_pretrained(assets.model_dir)
+    assert (generation_config.eos_token_id, generation_config.pad_token_id) == (
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
+
+
+def test_warm_start_is_reproducible_and_seeded():
+    tokenizer = build_tokenizer()
+    problems = split_problems(0)["train"]
+
+    def weights(seed: int) -> dict[str, torch.Tensor]:
+        with reproducible_torch():
+            model = init_model(tokenizer, seed)
+            warm_start(model, tokenizer, problems, seed, steps=3)
+        return model.state_dict()
+
+    first, again, other_seed = weights(0), weights(0), weights(1)
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert not torch.equal(first["lm_head.weight"], other_seed["lm_head.weight"])
+
+
+def test_reproducible_torch_restores_global_settings():
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    with reproducible_torch():
+        assert torch.get_num_threads() == 1
+    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (threads, deterministic)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def test_parquet_rows_follow_verl_rl_format(assets):
+    tables = {split: pq.read_table(path) for split, path in (("train", assets.train_file), ("val", assets.val_file))}
+    assert {split: table.num_rows for split, table in tables.items()} == {"train": NUM_TRAIN, "val": NUM_VAL}
+    letters = {}
+    for split, table in tables.items():
+        assert table.schema.remove_metadata() == ROW_SCHEMA
+        rows = table.to_pylist()
+        for index, row in enumerate(rows):
+            assert row["data_source"] == DATA_SOURCE
+            [message] = row["prompt"]
+            assert message["role"] == "user" and message["content"].startswith(PROMPT_PREFIX)
+            letters_to_sort = message["content"].removeprefix(PROMPT_PREFIX)
+            assert row["reward_model"] == {"style": "rule", "ground_truth": "".join(sorted(letters_to_sort))}
+            assert row["extra_info"] == {"index": index, "split": split}
+        letters[split] = {row["prompt"][0]["content"] for row in rows}
+        assert len(letters[split]) == len(rows)
+    assert not letters["train"] & letters["val"]
+
+
+def test_every_prompt_and_answer_fits_the_documented_lengths(assets):
+    tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
+    for path in (assets.train_file, assets.val_file):
+        for row in read_rows(path):
+            assert len(encode_chat_prompt(tokenizer, row["prompt"])) == MAX_PROMPT_LENGTH
+            answer = row["reward_model"]["ground_truth"]
+            assert len(tokenizer.encode(answer)) + 1 <= MAX_RESPONSE_LENGTH  # + eos
+
+
+def test_rlhf_dataset_loads_every_row_within_max_prompt_length(assets, isolated_hf_datasets_cache):
+    tokenizer = hf_tokenizer(assets.model_dir)
+
+    def load(max_prompt_length: int) -> RLHFDataset:
+        config = OmegaConf.create({"max_prompt_length": max_prompt_length, "filter_overlong_prompts": True})
+        return RLHFDataset(assets.val_file, tokenizer, config)
+
+    dataset = load(assets.max_prompt_length)
+    assert len(dataset) == NUM_VAL
+    first = dataset[0]
+    assert first["raw_prompt"] == first["prompt"] and first["index"] == 0
+    assert len(load(assets.max_prompt_length - 1)) == 0  # every prompt is exactly max_prompt_length
+
+
+def test_same_seed_writes_identical_files_and_another_seed_differs(tmp_path):
+    def write(name: str, seed: int) -> dict[str, bytes]:
+        out_dir = tmp_path / name
+        out_dir.mkdir()
+        build_tokenizer().save_pretrained(out_dir)
+        write_splits(split_problems(seed), out_dir)
+        return {path.name: path.read_bytes() for path in sorted(out_dir.iterdir())}
+
+    first, again, other_seed = write("a", 0), write("b", 0), write("c", 1)
+    assert {"train.parquet", "val.parquet", "tokenizer.json"} <= set(first)
+    assert first == again
+    assert other_seed["train.parquet"] != first["train.parquet"]
+    assert other_seed["val.parquet"] != first["val.parquet"]
+
+
+# --- reward --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        ("aabbc", 1.0),
+        ("  aabbc\n", 1.0),
+        ("abc", 0.0),  # the warm start's flaw: repeats dropped
+        ("aabbcc", 0.0),
+        ("", 0.0),
+        ("<|im_end|>aabbc", 0.0),
+        ("\x00\ufffd✓" * 100, 0.0),
+    ],
+)
+def test_reward_scores_exact_sorted_letters_and_never_raises_on_garbage(response, score):
+    assert compute_score(DATA_SOURCE, response, "aabbc") == score
+
+
+def test_reward_rejects_rows_of_another_dataset():
+    with pytest.raises(ValueError, match="openai/gsm8k"):
+        compute_score("openai/gsm8k", "42", "42")
+
+
+def test_reward_loads_through_verl_custom_reward_function():
+    config = OmegaConf.create(
+        {"reward": {"custom_reward_function": {"path": reward_function_path(), "name": "compute_score"}}}
+    )
+    reward_fn = get_custom_reward_fn(config)
+    kwargs = {"data_source": DATA_SOURCE, "ground_truth": "abcde", "extra_info": {"index": 0, "split": "val"}}
+    assert reward_fn(solution_str="abcde", **kwargs) == 1.0
+    assert reward_fn(solution_str="edcba", **kwargs) == 0.0
+
+
+def test_verl_overrides_name_keys_of_verls_ppo_trainer_config(assets):
+    import verl.trainer.config
+
+    config_dir = verl.trainer.config.__path__[0]
+    ppo_config = OmegaConf.load(f"{config_dir}/_generated_ppo_trainer.yaml")
+    OmegaConf.set_struct(ppo_config, True)  # an override of a key verl does not have raises
+    merged = OmegaConf.merge(ppo_config, OmegaConf.from_dotlist(assets.verl_overrides()))
+    assert merged.reward.custom_reward_function.path == reward_function_path()
+    assert merged.actor_rollout_ref.model.path == assets.model_dir
+    assert merged.data.max_prompt_length == MAX_PROMPT_LENGTH
+
+
+# --- warm-started model --------------------------------------------------------------------------
+
+
+def test_warm_started_model_accuracy_is_in_band(assets):
+    greedy = accuracy(assets.model_dir, assets.val_file)
+    sampled = accuracy(assets.model_dir, assets.val_file, temperature=1.0, seed=0)
+    assert GREEDY_BAND[0] <= greedy <= GREEDY_BAND[1]
+    assert SAMPLED_BAND[0] <= sampled <= SAMPLED_BAND[1]
+    assert (assets.val_greedy_accuracy, assets.val_sampled_accuracy) == (greedy, sampled)
+
+
+def test_warm_started_model_mostly_drops_repeats_like_its_teacher(assets):
+    tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(assets.model_dir).eval()
+    rows = [row for row in read_rows(assets.val_file) if len(set(row["reward_model"]["ground_truth"])) < NUM_LETTERS]
+    responses = generate_responses(model, tokenizer, [row["prompt"] for row in rows], temperature=0.0, seed=0)
+    deduplicated = ["".join(sorted(set(row["reward_model"]["ground_truth"]))) for row in rows]
+    assert sum(map(str.__eq__, responses, deduplicated)) >= 0.5 * len(rows)
+
+
+def test_batched_generation_with_left_padding_matches_one_by_one(assets):
+    tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(assets.model_dir).eval()
+    prompts = [USER_TURN, [{"role": "user", "content": "sort ab"}], [{"role": "user", "content": "sort jihgfedcba"}]]
+    batched = generate_responses(model, tokenizer, prompts, temperature=0.0, seed=0)
+    assert batched == [generate_responses(model, tokenizer, [p], temperature=0.0, seed=0)[0] for p in prompts]
+
+
+# --- build-once cache ----------------------------------------------------------------------------
+
+
+def test_cached_build_is_reused_without_rebuilding(built, monkeypatch):
+    cache_dir, first = built
+    monkeypatch.setattr(assets_module, "_build", _must_not_build)
+    assert ensure_assets(cache_dir, seed=0) == first
+
+
+def test_build_lives_under_the_cache_dir_with_its_manifest(built):
+    cache_dir, first = built
+    root = cache_dir / f"assets-{ASSETS_VERSION}-seed0"
+    assert first.root == str(root)
+    assert {first.model_dir, first.train_file, first.val_file} == {
+        str(root / n) for n in ("model", "train.parquet", "val.parquet")
+    }
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert (manifest["version"], manifest["seed"], manifest["val_greedy_accuracy"]) == (
+        ASSETS_VERSION,
+        0,
+        first.val_greedy_accuracy,
+    )
+
+
+def test_directory_without_manifest_is_not_taken_as_complete(tmp_path, monkeypatch):
+    root = asset_dir(tmp_path, 0)
+    (root / "model").mkdir(parents=True)
+    (root / "train.parquet").write_bytes(b"half")
+    monkeypatch.setattr(assets_module, "_build", _must_not_build)
+    with pytest.raises(RuntimeError, match="not a complete demo asset build"):
+        ensure_assets(tmp_path, seed=0)
+
+
+def test_manifest_of_another_build_is_rejected(built, tmp_path):
+    _, first = built
+    shutil.copytree(first.root, asset_dir(tmp_path, 7))
+    with pytest.raises(RuntimeError, match=f"expected {ASSETS_VERSION} seed 7"):
+        ensure_assets(tmp_path, seed=7)
+
+
+def test_crashed_build_leaves_no_asset_directory(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("warm start crashed")
+
+    monkeypatch.setattr(assets_module, "warm_start", crash)
+    with pytest.raises(RuntimeError, match="warm start crashed"):
+        ensure_assets(tmp_path, seed=0)
+    assert [path.name for path in tmp_path.iterdir()] == [f"assets-{ASSETS_VERSION}-seed0.lock"]
+
+
+def test_concurrent_callers_build_once_and_share(built, tmp_path, monkeypatch):
+    _, reference = built
+    build_calls = []
+    release_build = threading.Event()
+
+    def copy_reference_build(out_dir, seed):
+        build_calls.append(seed)
+        release_build.wait(timeout=5)  # hold the lock while the other caller arrives
+        shutil.copytree(reference.root, out_dir, dirs_exist_ok=True)
+
+    monkeypatch.setattr(assets_module, "_build", copy_reference_build)
+    results = [None, None]
+
+    def call(slot):
+        results[slot] = ensure_assets(tmp_path, seed=0)
+
+    threads = [threading.Thread(target=call, args=(slot,)) for slot in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # let the second caller reach the lock while the first one builds
+    release_build.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert build_calls == [0]
+    assert results[0] == results[1] is not None
+    assert results[0].root == str(asset_dir(tmp_path, 0))
+
+
+def test_cache_dir_defaults_to_env_var_then_home(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "from-env"))
+    assert asset_dir(None, 3) == tmp_path / "from-env" / f"assets-{ASSETS_VERSION}-seed3"
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert asset_dir(None, 3) == tmp_path / "home" / ".cache" / "one_step_off_async" / f"assets-{ASSETS_VERSION}-seed3"
+
+
+def test_cli_prints_paths_and_verl_overrides(built, monkeypatch, capsys):
+    cache_dir, first = built
+    monkeypatch.setattr(sys, "argv", ["assets", "--cache-dir", str(cache_dir), "--seed", "0"])
+    monkeypatch.setattr(assets_module, "_build", _must_not_build)
+    assets_module.main()
+    out = capsys.readouterr().out
+    printed, overrides = out.split("verl overrides:")
+    assert json.loads(printed) == dataclasses.asdict(first)
+    assert all(override in overrides for override in first.verl_overrides())
+
+
+def _must_not_build(out_dir, seed):
+    raise AssertionError("ensure_assets rebuilt assets that were already in the cache")
