@@ -66,8 +66,10 @@ class PromptDataset(Dataset):
 class StubRollout:
     """Stands in for AgentLoopManager: returns padded sequences tagged with its weight version."""
 
-    def __init__(self, log: EventLog, seconds: float = 0.05, fail_at_step: int | None = None) -> None:
-        self.log, self.seconds, self.fail_at_step = log, seconds, fail_at_step
+    def __init__(
+        self, log: EventLog, seconds: float = 0.05, fail_at_step: int | None = None, nan_at_step: int | None = None
+    ) -> None:
+        self.log, self.seconds, self.fail_at_step, self.nan_at_step = log, seconds, fail_at_step, nan_at_step
         self.version = -1
         self.running = False
 
@@ -79,17 +81,19 @@ class StubRollout:
             time.sleep(self.seconds)
             if step == self.fail_at_step:
                 raise ValueError(f"stub generation failed for step {step}")
-            return self._output(len(gen_batch))
+            return self._output(len(gen_batch), nan_reward=step == self.nan_at_step)
         finally:
             self.log.add("gen_end", step, self.version)
             self.running = False
 
-    def _output(self, size: int) -> DataProto:
+    def _output(self, size: int, nan_reward: bool = False) -> DataProto:
         prompts = torch.randint(3, 50, (size, PROMPT_LEN))
         responses = torch.randint(3, 50, (size, RESPONSE_LEN))
         attention_mask = torch.ones(size, PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
         rm_scores = torch.zeros(size, RESPONSE_LEN)
         rm_scores[:, -1] = torch.rand(size)
+        if nan_reward:
+            rm_scores[1, -1] = float("nan")
         versions = np.array([self.version] * size, dtype=object)
         return DataProto.from_dict(
             tensors={

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 
-from recipe.one_step_off_async.ray_trainer import WeightSyncError
+from recipe.one_step_off_async.ray_trainer import RewardError, WeightSyncError
 
 TOTAL_STEPS = 6
 
@@ -99,3 +99,8 @@ def test_generation_timeout_names_what_it_waited_for():
     trainer = build_trainer(config, log, rollout, sync)
     with pytest.raises(TimeoutError, match="training step 1 did not finish within 0.2 s"):
         trainer.fit()
+
+
+def test_a_nan_reward_stops_the_run_before_it_is_trained_on():
+    with pytest.raises(RewardError, match="reward of 1 of 8 samples of the batch for step 2 is NaN"):
+        run(staleness=1, nan_at_step=2)

@@ -90,6 +90,13 @@ class OneStepOffTaskRunner:
             )
             for split, files in (("train", config.data.train_files), ("val", config.data.val_files))
         }
+        for split, dataset in datasets.items():
+            if len(dataset) == 0:
+                raise ValueError(
+                    f"The {split} data {config.data[f'{split}_files']} has no usable rows: it is empty, or every "
+                    f"prompt is longer than data.max_prompt_length={config.data.max_prompt_length} tokens and was "
+                    "filtered out (data.filter_overlong_prompts). Check the files or raise max_prompt_length."
+                )
         trainer = OneStepOffRayTrainer(
             config,
             model_config.tokenizer,

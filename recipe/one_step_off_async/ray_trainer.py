@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 
@@ -35,15 +34,19 @@ from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.single_controller.ray import RayClassWithInitArgs
 from verl.trainer.ppo.ray_trainer import compute_response_mask
 from verl.trainer.ppo.utils import Role
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.debug import marked_timer
 
 from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.checkpoint_check import CheckpointError, resume_folder, verify_checkpoint
 from recipe.one_step_off_async.rollout_pipeline import InFlightBatch, PipelineTimeoutError, RolloutPipeline
 
 
 class WeightSyncError(RuntimeError):
     """The rollout did not generate with the weight version the pipeline synced to it."""
+
+
+class RewardError(ValueError):
+    """The reward function returned something that must not be trained on."""
 
 
 @contextlib.contextmanager
@@ -155,6 +158,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
 
         batch = in_flight.prompts.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
         batch = batch.union(output)
+        self._check_rewards(in_flight.step, batch)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
@@ -162,6 +166,18 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             self._balance_batch(batch, metrics=self.metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         return batch
+
+    def _check_rewards(self, step: int, batch: DataProto) -> None:
+        scores = batch.batch["rm_scores"].sum(-1)
+        bad = ~torch.isfinite(scores)
+        if bad.any():
+            sources = sorted(set(batch.non_tensor_batch["data_source"][bad.numpy()].tolist()))
+            reward = self.config.reward.custom_reward_function
+            raise RewardError(
+                f"The reward of {int(bad.sum())} of {len(scores)} samples of the batch for step {step} is NaN or "
+                f"infinite (data_source {sources}; reward function {reward.path or 'verl default'}:{reward.name}). "
+                "Training on it would corrupt every advantage of the batch; fix the reward function."
+            )
 
     def _fit_update_weights(self) -> None:
         train_end = time.time()
@@ -233,28 +249,18 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     # ------------------------------------------------------------------ checkpoints
 
     def _load_checkpoint(self) -> None:
-        super()._load_checkpoint()
-        if self.global_steps > 0:
+        folder = resume_folder(self.config.trainer)
+        if folder is not None:
+            trainer = self.config.trainer
+            verify_checkpoint(
+                folder, self.config.actor_rollout_ref.model.path, trainer.nnodes * trainer.n_gpus_per_node
+            )
+            try:
+                super()._load_checkpoint()
+            except Exception as error:
+                raise CheckpointError(f"Resuming from {folder} failed: {error}") from error
             # verl skips the dataloader state at epoch boundaries and restarts the sampler, which
             # reshuffles differently from an uninterrupted run; the pipeline always restores it.
-            self._restore_data_position()
+            self.train_dataloader.load_state_dict(torch.load(folder / "data.pt", weights_only=False))
         self._first_step = self.global_steps + 1
         self.train_dataloader.start(first_step=self._first_step, last_step=self.total_training_steps)
-
-    def _restore_data_position(self) -> None:
-        trainer = self.config.trainer
-        if trainer.resume_mode == "resume_path":
-            folder = trainer.resume_from_path
-        else:
-            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
-        path = os.path.join(os.path.abspath(folder), "data.pt")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"Checkpoint {folder} has no data.pt (the data position): resuming without it would retrain "
-                "or skip batches. Resume from a complete checkpoint, or set trainer.resume_mode=disable."
-            )
-        try:
-            state = torch.load(path, weights_only=False)
-        except Exception as error:
-            raise RuntimeError(f"Cannot read the data position {path}: {error}. The checkpoint is corrupt.") from error
-        self.train_dataloader.load_state_dict(state)
