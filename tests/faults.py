@@ -1,23 +1,46 @@
-"""Fault injection for end-to-end tests: make a real run fail in a chosen place, through verl's own hooks.
+"""Fault injection for end-to-end tests of the real entry point: reusable by any future feature's tests.
 
-Generation fails through a custom agent loop (verl's ``rollout.agent.agent_loop_config_path``
-registry) that raises ``InjectedFault`` on its N-th call, so the exception is raised inside the
-agent-loop worker exactly where a rollout error would be.
+Two kinds of faults:
+
+- **In-process**, through verl's own extension points: a custom agent loop
+  (``rollout.agent.agent_loop_config_path``) that raises on its N-th call, and custom reward
+  functions (``reward.custom_reward_function``) that raise or return NaN.
+- **From outside**, on a run started with ``start_main``: every process of the run (the driver,
+  Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
+  by its Ray process title (``ray::HFRolloutServer``, ``ray::WorkerDict``...), kill or stop it at a
+  chosen moment (e.g. once step k's metrics are logged), interrupt the driver, and afterwards
+  list whatever the run left behind.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 TESTS_DIR = Path(__file__).resolve().parent
 FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
+RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
+ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", "--config-name=one_step_off_ppo_cpu"]
+
+ROLLOUT_SERVER = "ray::HFRolloutServer"
+ACTOR_WORKER = "ray::WorkerDict"
 
 
 class InjectedFault(RuntimeError):
     """Raised by a fault the test asked for."""
+
+
+# --- in-process faults ---------------------------------------------------------------------------
 
 
 class FailingAgentLoop(SingleTurnAgentLoop):
@@ -40,8 +63,117 @@ def failing_generation(directory: Path, fail_at_call: int) -> tuple[list[str], d
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
     ]
-    env = {
-        FAIL_AT_CALL_ENV: str(fail_at_call),
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
-    return overrides, env
+    return overrides, {FAIL_AT_CALL_ENV: str(fail_at_call), **_tests_on_python_path()}
+
+
+def reward_function(directory: Path, body: str) -> list[str]:
+    """Overrides pointing ``reward.custom_reward_function`` at ``compute_score`` with the given body."""
+    path = directory / "faulty_reward.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+        + "".join(f"    {line}\n" for line in body.splitlines())
+    )
+    return [f"reward.custom_reward_function.path={path}", "reward.custom_reward_function.name=compute_score"]
+
+
+def _tests_on_python_path() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+# --- faults from outside -------------------------------------------------------------------------
+
+
+@dataclass
+class WatchedRun:
+    """A run of the entry point started in the background, observable and killable from the test."""
+
+    process: subprocess.Popen
+    directory: Path
+    marker: str
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.directory / "metrics.jsonl"
+
+    def logged_steps(self) -> list[int]:
+        if not self.metrics_path.exists():
+            return []
+        lines = self.metrics_path.read_text().splitlines()
+        return [json.loads(line)["step"] for line in lines if line.strip().endswith("}")]
+
+    def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
+        """Block until step ``step``'s metrics are logged (the step, its sync and checkpoint are done)."""
+        deadline = time.monotonic() + timeout_s
+        while step not in self.logged_steps():
+            if self.process.poll() is not None:
+                raise AssertionError(f"the run exited ({self.process.returncode}) before logging step {step}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"step {step} was not logged within {timeout_s} s")
+            time.sleep(0.05)
+
+    def processes(self, title: str | None = None) -> list[psutil.Process]:
+        """Live processes of this run, optionally only those whose command line starts with ``title``."""
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.environ().get(RUN_MARKER_ENV) != self.marker or proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if title is None or " ".join(proc.cmdline()).startswith(title):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def signal_worker(self, title: str, sig: signal.Signals) -> psutil.Process:
+        (target,) = self.processes(title)
+        target.send_signal(sig)
+        return target
+
+    def interrupt(self) -> None:
+        """Ctrl-C: SIGINT to the driver, as a terminal does."""
+        self.process.send_signal(signal.SIGINT)
+
+    def wait(self, timeout_s: float) -> tuple[int, float, str]:
+        """Exit code, seconds since start, and the run's output."""
+        self.process.wait(timeout=timeout_s)
+        return self.process.returncode, time.monotonic() - self.started, (self.directory / "output.log").read_text()
+
+    def leftovers(self, grace_s: float = 30) -> list[str]:
+        """Processes of the run still alive ``grace_s`` after the driver exited (Ray cleans up async)."""
+        deadline = time.monotonic() + grace_s
+        while (alive := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return [" ".join(p.cmdline())[:120] for p in alive]
+
+    def kill_everything(self) -> None:
+        for proc in self.processes():
+            proc.kill()
+
+
+def start_main(directory: Path, *overrides: str, env: dict | None = None) -> WatchedRun:
+    """Start the entry point on the CPU profile with metrics, rollout dumps and checkpoints in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = uuid.uuid4().hex
+    command = [
+        *ENTRY,
+        "trainer.logger=[console,file]",
+        f"trainer.rollout_data_dir={directory / 'rollouts'}",
+        *overrides,
+    ]
+    # Output to a file: a pipe nobody reads until the end would fill up and block the run.
+    log = (directory / "output.log").open("w")
+    process = subprocess.Popen(
+        command,
+        cwd=directory,
+        env={
+            **os.environ,
+            "VERL_FILE_LOGGER_PATH": str(directory / "metrics.jsonl"),
+            RUN_MARKER_ENV: marker,
+            **(env or {}),
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    return WatchedRun(process, directory, marker)

@@ -75,6 +75,9 @@ class StubRollout:
 
     def generate_sequences(self, gen_batch: DataProto) -> DataProto:
         step = gen_batch.meta_info["global_steps"]
+        if gen_batch.meta_info.get("validate"):
+            self.log.add("validate", step, self.version, self.running)
+            return self._output(len(gen_batch))
         self.running = True
         self.log.add("gen_start", step, self.version)
         try:
@@ -125,6 +128,13 @@ class StubWeightSync:
 
     def sleep_replicas(self) -> None:
         pass
+
+
+class StubTokenizer:
+    eos_token_id, pad_token_id = 1, 0
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(i)) for i in ids)
 
 
 def prompt_ids(batch: DataProto) -> tuple[int, ...]:
@@ -180,7 +190,13 @@ def build_trainer(config, log: EventLog, rollout: StubRollout, sync: StubWeightS
     pools = ResourcePoolManager(resource_pool_spec={"trainer_pool": [2]}, mapping={Role.ActorRollout: "trainer_pool"})
     dataset = PromptDataset(dataset_size)
     trainer = StubbedTrainer(
-        config, None, role_worker_mapping, pools, train_dataset=dataset, val_dataset=dataset, collate_fn=collate_fn
+        config,
+        StubTokenizer(),
+        role_worker_mapping,
+        pools,
+        train_dataset=dataset,
+        val_dataset=dataset,
+        collate_fn=collate_fn,
     )
     trainer.log, trainer.logged_metrics = log, []
     trainer.async_rollout_manager = rollout

@@ -79,22 +79,41 @@ def _through_one_staging_tensor(weights: dict[str, torch.Tensor]):
         yield name, view
 
 
+def _weights(seed: int | None) -> dict[str, torch.Tensor]:
+    return _model_weights(seed) if seed is not None else _large_weights()
+
+
 def _send(seed: int | None, version: int | None, reuse_memory: bool = False) -> dict[str, float]:
-    weights = _model_weights(seed) if seed is not None else _large_weights()
+    weights = _weights(seed)
     named = _through_one_staging_tensor(weights) if reuse_memory else iter(weights.items())
     return asyncio.run(_engine.send_weights(named, global_steps=version))
 
 
-def _receive(version: int | None, signal_after_first_tensor: int | None = None) -> dict[str, Any]:
+def _receive(
+    seed: int | None, version: int | None, signal_after_first_tensor: int | None = None, dawdle_s: float = 0.0
+) -> dict[str, Any]:
+    """Consume a sync as a server adapter does: each tensor is used (compared with what the actor
+    sent, then cloned) before the next is pulled, after ``dawdle_s`` of doing something else."""
+    expected = _weights(seed)
+
     async def receive() -> dict[str, Any]:
         stream = _engine.receive_weights(global_steps=version)
-        tensors = {}
+        tensors, wrong_when_yielded, wrong_before_next = {}, [], []
         async for name, tensor in stream:
             if signal_after_first_tensor is not None:
                 os.kill(os.getpid(), signal_after_first_tensor)
-            tensors[name] = tensor
-        views = [name for name, t in tensors.items() if t.untyped_storage().nbytes() != t.nbytes]
-        return {"version": stream.version, "tensors": tensors, "not_owning_their_memory": views}
+            if not torch.equal(tensor, expected[name]):
+                wrong_when_yielded.append(name)
+            await asyncio.sleep(dawdle_s)  # while the engine receives the next bucket in the background
+            if not torch.equal(tensor, expected[name]):
+                wrong_before_next.append(name)
+            tensors[name] = tensor.clone()  # valid only until the next item is asked for: keep a copy
+        return {
+            "version": stream.version,
+            "tensors": tensors,
+            "wrong_when_yielded": wrong_when_yielded,
+            "wrong_before_next": wrong_before_next,
+        }
 
     return asyncio.run(receive())
 
@@ -158,10 +177,17 @@ def _start_sync(
 
 
 def _sync(
-    sender: _EngineProcess, receivers: list[_EngineProcess], seed: int, version: int, reuse_memory: bool = False
+    sender: _EngineProcess,
+    receivers: list[_EngineProcess],
+    seed: int,
+    version: int,
+    reuse_memory: bool = False,
+    dawdle_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """A whole healthy sync of ``_model_weights(seed)``; returns what each receiver got."""
-    sent, received = _start_sync(sender, receivers, (seed, version, reuse_memory), [(version,)] * len(receivers))
+    sent, received = _start_sync(
+        sender, receivers, (seed, version, reuse_memory), [(seed, version, None, dawdle_s)] * len(receivers)
+    )
     metrics, *received = _results([sent, *received])
     assert metrics["checkpoint_engine/buckets"] > 2, "the test must reuse both buffers"
     _results([worker.call("finalize") for worker in (sender, *receivers)])
@@ -182,7 +208,7 @@ def _assert_received_exactly(received: dict[str, Any], seed: int, version: int) 
     expected = _model_weights(seed)
     assert received["version"] == version
     assert list(received["tensors"]) == list(expected)
-    assert received["not_owning_their_memory"] == []
+    assert received["wrong_when_yielded"] == [] and received["wrong_before_next"] == []
     for name, tensor in expected.items():
         got = received["tensors"][name]
         assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
@@ -245,6 +271,16 @@ def test_two_syncs_deliver_every_tensor_exactly_with_its_version(engines):
             _assert_received_exactly(received, seed=seed, version=version)
 
 
+def test_yielded_tensor_stays_valid_until_the_consumer_asks_for_the_next(engines):
+    """The receive contract (verl's nccl engine's): a yielded tensor, possibly a view into a reused
+    receive buffer, holds the sent values from when it is yielded until the consumer asks for the
+    next item, however long the consumer takes meanwhile; the engine receives ahead into the other
+    buffer, never into the one the consumer is reading."""
+    sender, receivers = engines
+    for received in _sync(sender, receivers, seed=8, version=8, dawdle_s=0.02):
+        _assert_received_exactly(received, seed=8, version=8)
+
+
 def test_many_syncs_leak_no_sockets_or_threads(engines):
     sender, receivers = engines
     workers = (sender, *receivers)
@@ -257,7 +293,7 @@ def test_many_syncs_leak_no_sockets_or_threads(engines):
 
 def test_receiver_rejects_a_version_it_was_not_told(engines):
     sender, receivers = engines
-    sent, received = _start_sync(sender, receivers, (5, 6), [(6,), (5,)])
+    sent, received = _start_sync(sender, receivers, (5, 6), [(5, 6), (5, 5)])
     with pytest.raises(WeightSyncError, match="told to load weight version 5 but actor rank 0 sent version 6"):
         received[1].result(timeout=STEP_TIMEOUT_S)
     # The sender, and with it the other receiver, fail at once rather than at their timeout.
@@ -276,7 +312,7 @@ def test_lost_receiver_fails_the_sender_clearly_within_the_timeout(stop_signal):
     receivers = [_EngineProcess(bucket_size=1 << 20, timeout_s=timeout_s) for _ in range(2)]
     try:
         start = time.monotonic()
-        sent, received = _start_sync(sender, receivers, (None, 42), [(42,), (42, stop_signal)])
+        sent, received = _start_sync(sender, receivers, (None, 42), [(None, 42), (None, 42, stop_signal)])
         with pytest.raises(WeightSyncError) as failure:
             sent.result(timeout=timeout_s + 30)
         assert time.monotonic() - start < timeout_s + 30
@@ -378,7 +414,8 @@ class _KeepingServerAdapter:
         self.version: int | None = None
 
     async def update_weights(self, weights, global_steps: int | None = None, **kwargs: Any) -> None:
-        self.weights = {name: tensor async for name, tensor in weights}
+        # A copy of each: the engine's tensors are valid only until the next one is asked for.
+        self.weights = {name: tensor.clone() async for name, tensor in weights}
         self.version = weights.version
 
 
@@ -402,26 +439,17 @@ class _ReplicaOfOneWorker:
 
 
 @pytest.fixture(scope="module")
-def ray_on_cpu():
-    from recipe.one_step_off_async import cpu
-
-    saved_environ = dict(os.environ)
-    env = cpu.activate()
-    import ray
-
-    # Ray workers cannot import this test module: ship its helper classes by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=4, runtime_env={"env_vars": env}, include_dashboard=False)
-    yield
-    ray.shutdown()
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    os.environ.clear()
-    os.environ.update(saved_environ)
+def ray_shipping_this_module(cpu_ray):
+    """The session's Ray (``cpu_ray``, tests/conftest.py), with this module's helper classes shipped
+    by value: Ray workers cannot import a test module."""
+    cpu_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield cpu_ray
+    cpu_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.slow
-def test_verl_manager_syncs_fsdp2_actor_to_rollout_worker_exactly(ray_on_cpu, tmp_path):
-    import ray
+def test_verl_manager_syncs_fsdp2_actor_to_rollout_worker_exactly(ray_shipping_this_module, tmp_path):
+    ray = ray_shipping_this_module
     import verl
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

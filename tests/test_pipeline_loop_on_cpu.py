@@ -10,11 +10,13 @@ from recipe.one_step_off_async.ray_trainer import RewardError, WeightSyncError
 TOTAL_STEPS = 6
 
 
-def run(staleness: int, steps: int = TOTAL_STEPS, **rollout_kwargs):
+def run(staleness: int, steps: int = TOTAL_STEPS, *overrides: str, **rollout_kwargs):
     log = EventLog()
     rollout = StubRollout(log, **rollout_kwargs)
     sync = StubWeightSync(log, rollout)
-    config = compose_config(f"async_training.staleness={staleness}", f"trainer.total_training_steps={steps}")
+    config = compose_config(
+        f"async_training.staleness={staleness}", f"trainer.total_training_steps={steps}", *overrides
+    )
     trainer = build_trainer(config, log, rollout, sync)
     trainer.fit()
     return trainer, log
@@ -104,3 +106,19 @@ def test_generation_timeout_names_what_it_waited_for():
 def test_a_nan_reward_stops_the_run_before_it_is_trained_on():
     with pytest.raises(RewardError, match="reward of 1 of 8 samples of the batch for step 2 is NaN"):
         run(staleness=1, nan_at_step=2)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_validation_at_step_k_uses_weights_v_k_on_an_idle_rollout_pool(staleness):
+    trainer, log = run(staleness, TOTAL_STEPS, "trainer.test_freq=2", "trainer.val_before_train=true")
+
+    validations = log.of("validate")
+    assert [(step, version) for _, step, version, _ in validations] == [(0, 0), (2, 2), (4, 4), (6, 6)]
+    assert not any(running for *_, running in validations)
+    for _, step, _, _ in validations[1:]:
+        # After the sync of v_k, before the next generation is launched: nothing in flight is touched.
+        validation = log.index("validate", step, step, False)
+        assert log.index("sync", step, False) < validation
+        if step + 1 + staleness <= TOTAL_STEPS:
+            assert validation < log.index("launch", step + 1 + staleness)
+    assert [m["async/staleness"] for m in trainer.logged_metrics] == [min(staleness, s - 1) for s in range(1, 7)]

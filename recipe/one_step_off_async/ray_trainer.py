@@ -117,10 +117,10 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     def fit(self) -> None:
         try:
             super().fit()
+            self._shutdown_dump_executor()  # the last step's rollout dump lands before the process ends
         finally:
             self.train_dataloader.close()
             self._sync_executor.shutdown(wait=False, cancel_futures=True)
-            self._shutdown_dump_executor()  # the last step's rollout dump lands before the process ends
 
     def _prepare_generation(self, batch_dict: dict, step: int) -> tuple[DataProto, DataProto]:
         """Build the step's batch (with uids) and the prompts sent to the rollout pool."""

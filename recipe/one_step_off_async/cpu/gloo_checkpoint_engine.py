@@ -25,9 +25,10 @@ init_process_group, send_weights | receive_weights, finalize on every sync):
   bucket are split into bucket-sized chunks (verl's ``split_weight_chunks``) and reassembled.
   Double buffering on both sides: the sender packs bucket i+1 into one of two buffers while
   bucket i is broadcast from the other, and a receiver receives bucket i+1 into one of its two
-  buffers while it copies bucket i out. The two buffers are kept between syncs (2 x bucket size
-  of RAM on actor rank 0 and on each rollout worker): paging fresh ones in every sync halved the
-  throughput.
+  buffers while its consumer copies bucket i's tensors out of the other. The two buffers are kept
+  between syncs (2 x bucket size of RAM on actor rank 0 and on each rollout worker): paging fresh
+  ones in every sync halved the throughput. Tensors start at 64-byte aligned offsets in a bucket,
+  so that the receiver can view them in their own dtype.
 - Each bucket is preceded, in-band on the same group, by a small pickled ``BucketHeader``: its
   index, byte count, tensor layout and the weight version (``global_steps``) of the sync. A
   receiver that was told which version to expect fails on any other; ``ReceivedWeights.version``
@@ -35,9 +36,14 @@ init_process_group, send_weights | receive_weights, finalize on every sync):
 - Every collective is bounded by ``timeout_s`` (engine kwarg): a receiver that dies or stalls makes
   the sender raise ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
 
-The receiver yields ``(name, tensor)`` in the dtype and shape the actor sent; every tensor owns its
-memory (the receive buffers are reused for the next bucket). ``scripts/bench_gloo_engine.py``
-compares a sync's throughput with a raw gloo broadcast of the same bytes.
+The receiver yields ``(name, tensor)`` in the dtype and shape the actor sent, under the contract of
+verl's ``nccl`` engine (``NCCLCheckpointEngine.receive_weights``): **a yielded tensor is valid only
+until the consumer asks for the next item.** A tensor that fits in a bucket is a view into a receive
+buffer that a later bucket overwrites; only a tensor larger than a bucket, reassembled from its
+chunks, is yielded as memory of its own. So a consumer copies each tensor where it belongs before
+it pulls the next one, as verl's vLLM server adapter and ``HFServerAdapter.update_weights``
+(``cpu/hf_server.py``) do, and ``.clone()``s whatever it keeps. Not copying again on the receiver is
+what brings a sync close to a raw broadcast; ``scripts/bench_gloo_engine.py`` compares the two.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ logger = logging.getLogger(__name__)
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]]
 
 SENDER_RANK = 0
+ALIGNMENT = 64
+"""Bytes: every tensor (chunk) starts at a multiple of this in a bucket, so that the receiver can view
+it in any dtype (``Tensor.view(dtype)`` needs an offset divisible by the item size)."""
 
 
 class WeightSyncError(RuntimeError):
@@ -94,6 +103,9 @@ class BucketHeader:
 
 class ReceivedWeights:
     """The weights of one sync as an async iterator of ``(name, tensor)``.
+
+    Each tensor is valid only until the next ``__anext__`` (it may be a view into a reused receive
+    buffer): copy it into place, or ``.clone()`` it, before asking for the next one.
 
     ``version`` is the weight version the actor stamped on the sync; it is set as soon as the
     first bucket header arrives, so a server adapter can record it while or after loading.
@@ -239,14 +251,15 @@ class GlooCheckpointEngine(CheckpointEngine):
         offset, metas = 0, []
         try:
             async for meta, chunk in split_weight_chunks(_contiguous(weights), self.bucket_size):
-                if offset + meta.chunk_size > self.bucket_size:
+                start = -(-offset // ALIGNMENT) * ALIGNMENT
+                if start + meta.chunk_size > self.bucket_size:
                     await pipeline.send(offset, metas, is_last=False)
-                    offset, metas = 0, []
+                    start, metas = 0, []
                 # Copied now, while the generator has not moved on: it may reuse a tensor's memory.
-                pipeline.buffer[offset : offset + meta.chunk_size].copy_(chunk)
-                meta.offset = offset
+                pipeline.buffer[start : start + meta.chunk_size].copy_(chunk)
+                meta.offset = start
                 metas.append(meta)
-                offset += meta.chunk_size
+                offset = start + meta.chunk_size
             await pipeline.send(offset, metas, is_last=True)
             await pipeline.drain()
         except BaseException:
@@ -274,6 +287,14 @@ class GlooCheckpointEngine(CheckpointEngine):
 
     def receive_weights(self, global_steps: int | None = None) -> ReceivedWeights:
         """The weights the actor broadcasts in this sync (rollout workers).
+
+        Same contract as verl's ``NCCLCheckpointEngine.receive_weights``: each yielded tensor is
+        valid only until the consumer asks for the next item. Tensors that fit in a bucket are
+        views into one of two receive buffers, which later buckets overwrite: while the consumer
+        copies bucket i's tensors out of one buffer, bucket i+1 is received into the other, and
+        bucket i's buffer is reused (for bucket i+2) once the consumer asked for the item after
+        bucket i's last tensor. A tensor larger than a bucket is reassembled into memory of its own.
+        Copy each tensor into place, or ``.clone()`` it, before pulling the next.
 
         Args:
             global_steps: The weight version the trainer announced for this sync. When given, a sync
@@ -311,6 +332,8 @@ class GlooCheckpointEngine(CheckpointEngine):
                     # Post the next bucket before unpacking this one: it arrives meanwhile.
                     next_header = await self._receive_header(header.index + 1, header.version, start)
                     pending = self._receive_payload(next_header, self._buffers[1 - slot])
+                # Views into this buffer: it is posted again (for bucket i+2) only after the
+                # consumer asked for the item after this bucket's last tensor.
                 for name, tensor in self._unpack(header, self._buffers[slot], arriving):
                     yield name, tensor
                 if header.is_last:
@@ -357,13 +380,17 @@ class GlooCheckpointEngine(CheckpointEngine):
     def _unpack(
         self, header: BucketHeader, buffer: torch.Tensor, arriving: dict[str, torch.Tensor]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Copy a received bucket's chunks into their tensors; yield each tensor it completes.
+        """Yield each tensor that a received bucket completes.
 
-        A tensor is allocated at its first chunk, so that it owns its memory, and it is kept in
-        ``arriving`` until its last chunk arrived (verl's ``merge_weight_chunks`` instead yields
-        views into the bucket for tensors that fit in one, which the next bucket overwrites here).
+        A tensor that lies whole in the bucket is a view into ``buffer``, as in verl's
+        ``merge_weight_chunks``. The chunks of a larger tensor are copied into one tensor allocated
+        at its first chunk and kept in ``arriving`` until its last chunk arrived.
         """
         for meta in header.tensors:
+            chunk = buffer[meta.offset : meta.offset + meta.chunk_size]
+            if meta.chunk_size == meta.shape.numel() * meta.dtype.itemsize:
+                yield meta.name, chunk.view(meta.dtype).view(meta.shape)
+                continue
             if meta.chunk_offset == 0:
                 arriving[meta.name] = torch.empty(meta.shape, dtype=meta.dtype)
             elif meta.name not in arriving:
@@ -372,9 +399,7 @@ class GlooCheckpointEngine(CheckpointEngine):
                     f"{meta.chunk_offset}, but its first chunk never arrived: the sender's chunk order is broken"
                 )
             tensor = arriving[meta.name]
-            tensor.view(-1).view(torch.uint8)[meta.chunk_offset : meta.chunk_offset + meta.chunk_size].copy_(
-                buffer[meta.offset : meta.offset + meta.chunk_size]
-            )
+            tensor.view(-1).view(torch.uint8)[meta.chunk_offset : meta.chunk_offset + meta.chunk_size].copy_(chunk)
             if meta.chunk_offset + meta.chunk_size == tensor.nbytes:
                 yield meta.name, arriving.pop(meta.name)
 
