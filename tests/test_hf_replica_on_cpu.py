@@ -28,6 +28,7 @@ from transformers import GenerationConfig, PreTrainedModel, Qwen2Config, Qwen2Fo
 from verl.checkpoint_engine.base import CheckpointEngineWorker
 from verl.workers.config import RolloutConfig
 from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_class
+from verl_actor import actor_group, log_probs, update_actor
 
 from recipe.one_step_off_async.cpu.hf_engine import (
     FinishReason,
@@ -439,25 +440,13 @@ class RolloutStack:
     TEMPERATURE = 0.7
 
     def __init__(self, model_path: Path) -> None:
-        import ray
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.experimental.agent_loop import AgentLoopManager
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
         from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.engine_workers import ActorRolloutRefWorker
         from verl.workers.rollout.llm_server import LLMServerManager
 
         self.config = verl_config(model_path, self.TEMPERATURE)
-        self.actor = RayWorkerGroup(
-            resource_pool=RayResourcePool(
-                process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="hf_actor"
-            ),
-            ray_cls_with_init=RayClassWithInitArgs(
-                cls=ray.remote(ActorRolloutRefWorker), config=self.config.actor_rollout_ref, role="actor"
-            ),
-            device_name="cpu",
-        )
-        self.actor.init_model()
+        self.actor = actor_group(self.config, ranks=1, name="hf_actor")
         self.servers = LLMServerManager.create(config=self.config)
         self.client = self.servers.get_client()
         self.agent_loop = AgentLoopManager.create(config=self.config, llm_client=self.client)
@@ -496,38 +485,11 @@ class RolloutStack:
 
     def actor_log_probs(self, rollout) -> torch.Tensor:
         """verl's ``compute_log_prob`` on the rollout, as ``RayPPOTrainer._compute_old_log_prob`` calls it."""
-        from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
-
-        batch_td = left_right_2_no_padding(self._policy_batch(rollout).to_tensordict())
-        tu.assign_non_tensor(batch_td, calculate_entropy=False, calculate_sum_pi_squared=False, compute_loss=False)
-        return no_padding_2_padding(tu.get(self.actor.compute_log_prob(batch_td), "log_probs"), batch_td).float()
+        return log_probs(self.actor, self._policy_batch(rollout))
 
     def update_actor(self, rollout) -> None:
         """One PPO step on ``rollout`` with every advantage +1: the actor's weights move."""
-        from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import left_right_2_no_padding
-
-        batch = self._policy_batch(
-            rollout,
-            old_log_probs=rollout.batch["rollout_log_probs"],
-            advantages=rollout.batch["response_mask"].float(),
-        )
-        batch.meta_info["multi_turn"] = False
-        batch_td = left_right_2_no_padding(batch.to_tensordict())
-        tu.assign_non_tensor(
-            batch_td,
-            calculate_entropy=False,
-            distillation_use_topk=False,
-            distillation_only=False,
-            global_batch_size=len(batch),
-            mini_batch_size=len(batch),
-            epochs=1,
-            seed=1,
-            dataloader_kwargs={"shuffle": False},
-            compute_loss=True,
-        )
-        self.actor.update_actor(batch_td)
+        update_actor(self.actor, self._policy_batch(rollout, advantages=rollout.batch["response_mask"].float()), seed=1)
 
     def _policy_batch(self, rollout, **extra: torch.Tensor):
         from verl import DataProto
