@@ -7,10 +7,16 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from recipe.one_step_off_async.async_config import AsyncTrainingConfig, ConfigError, validate_config
+from recipe.one_step_off_async.async_config import (
+    AsyncTrainingConfig,
+    ConfigError,
+    check_data_files,
+    validate_config,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -105,3 +111,24 @@ def test_entry_point_rejects_a_bad_config_before_ray_starts():
     assert "actor_rollout_ref.hybrid_engine=True" in result.stderr
     assert "ray init kwargs" not in result.stdout  # printed by verl's run_ppo just before ray.init
     assert time.monotonic() - started < 60
+
+
+def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):
+    good = demo_assets.train_file
+    check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files=[{good}]"))
+
+    missing = tmp_path / "missing.parquet"
+    with pytest.raises(ConfigError, match=f"data.train_files: {missing} does not exist"):
+        check_data_files(
+            compose_config("one_step_off_ppo_cpu", f"data.train_files={missing}", f"data.val_files={good}")
+        )
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_text("not parquet")
+    with pytest.raises(ConfigError, match=f"data.val_files: {garbage} is not a readable parquet file"):
+        check_data_files(
+            compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files={garbage}")
+        )
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(good).iloc[:0].to_parquet(empty)
+    with pytest.raises(ConfigError, match=f"data.train_files: {empty} hold no rows"):
+        check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={empty}", f"data.val_files={good}"))

@@ -14,11 +14,18 @@ from recipe.one_step_off_async.data import gsm8k
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_launch_script_config_passes_the_recipe_validation(tmp_path):
+def prepared_gsm8k(tmp_path: Path) -> Path:
+    """A two-row stand-in for the prepared GSM8K files: present, so the script skips the download."""
     data = tmp_path / "gsm8k"
     data.mkdir()
-    for split in gsm8k.SPLITS:  # present, so the script skips the (networked) preparation step
-        (data / f"{split}.parquet").touch()
+    questions = pd.DataFrame({"question": ["What is 2+2?"], "answer": ["2+2=4\n#### 4"]})
+    for split in gsm8k.SPLITS:
+        gsm8k.to_rl_rows(questions, split).to_parquet(data / f"{split}.parquet")
+    return data
+
+
+def test_launch_script_config_passes_the_recipe_validation(tmp_path):
+    data = prepared_gsm8k(tmp_path)
     result = subprocess.run(
         ["bash", str(ROOT / "run_qwen2_5_3b.sh")],
         cwd=tmp_path,
@@ -35,10 +42,7 @@ def test_launch_script_config_passes_the_recipe_validation(tmp_path):
 
 
 def test_launch_script_rejects_what_the_recipe_cannot_run(tmp_path):
-    data = tmp_path / "gsm8k"
-    data.mkdir()
-    for split in gsm8k.SPLITS:
-        (data / f"{split}.parquet").touch()
+    data = prepared_gsm8k(tmp_path)
     result = subprocess.run(
         ["bash", str(ROOT / "run_qwen2_5_3b.sh"), "actor_rollout_ref.hybrid_engine=true"],
         cwd=tmp_path,

@@ -193,6 +193,6 @@ def test_empty_dataset_fails_before_any_worker_starts(tmp_path, demo_assets):
     started = time.monotonic()
     run = run_main(tmp_path, *BOUNDED, f"data.train_files={empty}", timeout_s=300)
     assert run.returncode != 0
-    assert f"The train data {empty} has no usable rows" in run.output
-    assert "WorkerDict" not in run.output  # no worker was started
+    assert f"data.train_files: {empty} hold no rows" in run.output
+    assert "ray init kwargs" not in run.output  # checked before Ray starts
     assert time.monotonic() - started < 90

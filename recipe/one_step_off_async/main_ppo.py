@@ -17,7 +17,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.async_config import check_data_files, validate_config
 
 
 def _demo_asset(field: str) -> str:
@@ -45,6 +45,7 @@ def prepare_config(config: DictConfig) -> None:
             runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **env}
     # Resolve in the driver: built-in asset paths are materialised once, before workers start.
     OmegaConf.resolve(config)
+    check_data_files(config)
     verl_validate_config(
         config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
     )
