@@ -6,19 +6,24 @@ What: one sender and N receivers, each in its own process. Each repetition times
 - raw, fresh: the same broadcast into a buffer each receiver allocates just before (pages not yet
               touched), the least any receiver does that hands out memory of its own;
 - engine:     a full engine sync of synthetic Qwen2-shaped bf16 weights (~310 MB by default), from
-              the sender entering ``send_weights`` until the last receiver holds every tensor as
-              its own copy.
+              the sender entering ``send_weights`` until the last receiver pulled every tensor
+              (the engine alone, like for like with the raw broadcast: its tensors are mostly
+              views into its buffers). ``--consumer load`` also copies each tensor into a
+              preallocated, touched model before pulling the next, as ``HFServerAdapter`` does:
+              engine plus the server's own copy.
 Throughput is payload bytes / wall time (not multiplied by the number of receivers). CPU time is
 summed over all processes and their threads; on a shared machine it varies less than wall time.
 The engine's per-sync group setup and teardown (prepare, init_process_group, finalize) are
 reported apart.
 
-Why: the engine adds bucketing, per-bucket headers and a copy into each received tensor on top of
-the broadcast; this shows what that costs.
+Why: the engine adds bucketing, per-bucket headers and a copy on each side (into the send bucket;
+out of the receive bucket into the model, overlapped with the next bucket) on top of the broadcast;
+this shows what that costs. The engine / raw ratio is the number to watch.
 
 How:
     python scripts/bench_gloo_engine.py                      # 2 receivers, 64 MiB buckets, 5 reps
     python scripts/bench_gloo_engine.py --receivers 1 --bucket-mb 16 --layers 12
+    python scripts/bench_gloo_engine.py --consumer load      # receivers also load the weights into a model
 """
 
 from __future__ import annotations
@@ -52,8 +57,8 @@ class Span:
     cpu_s: float
 
 
-def synthetic_qwen2_weights(layers: int, hidden: int = 1024, intermediate: int = 2816, vocab: int = 32000):
-    """bf16 tensors named and shaped like a Qwen2 checkpoint (grouped-query attention, 4 KV heads of 64)."""
+def qwen2_shapes(layers: int, hidden: int = 1024, intermediate: int = 2816, vocab: int = 32000):
+    """Tensor names and shapes of a Qwen2 checkpoint (grouped-query attention, 4 KV heads of 64)."""
     kv = 256
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
@@ -73,18 +78,21 @@ def synthetic_qwen2_weights(layers: int, hidden: int = 1024, intermediate: int =
             f"{prefix}.post_attention_layernorm.weight": (hidden,),
         }
     shapes |= {"model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
-    return {name: torch.empty(shape, dtype=torch.bfloat16).normal_() for name, shape in shapes.items()}
+    return shapes
 
 
 def _setup_rank(rank: int, world_size: int, raw_port: int, engine_kwargs: dict, layers: int) -> int:
-    """Join the raw broadcast group and build the engine; the sender also builds the weights."""
+    """Join the raw broadcast group and build the engine; the sender builds random bf16 weights, a
+    receiver the model it loads them into (zeros: every page touched, as in a serving model)."""
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", raw_port, is_master=False, timeout=timedelta(seconds=300))
     _state["raw_group"] = dist.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=300))
     _state["engine"] = GlooCheckpointEngine(**engine_kwargs)
+    shapes = qwen2_shapes(layers)
     if rank != 0:
+        _state["model"] = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in shapes.items()}
         return 0
-    _state["weights"] = synthetic_qwen2_weights(layers)
+    _state["weights"] = {name: torch.empty(shape, dtype=torch.bfloat16).normal_() for name, shape in shapes.items()}
     nbytes = sum(tensor.nbytes for tensor in _state["weights"].values())
     _state["flat"] = torch.ones(nbytes, dtype=torch.uint8)
     return nbytes
@@ -117,12 +125,15 @@ def _engine_send(version: int) -> Span:
     return _span(lambda: asyncio.run(_state["engine"].send_weights(iter(weights.items()), global_steps=version)))
 
 
-def _engine_receive(version: int) -> tuple[Span, int]:
+def _engine_receive(version: int, load: bool) -> tuple[Span, int]:
     received = 0
+    model = _state["model"]
 
     async def consume() -> None:
         nonlocal received
-        async for _, tensor in _state["engine"].receive_weights(global_steps=version):
+        async for name, tensor in _state["engine"].receive_weights(global_steps=version):
+            if load:
+                model[name].copy_(tensor)  # before the next: the engine reuses the tensor's memory
             received += tensor.nbytes
 
     span = _span(lambda: asyncio.run(consume()))
@@ -144,6 +155,12 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of the synthetic model (8: ~310 MB)")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--consumer",
+        choices=("load", "drop"),
+        default="drop",
+        help="drop: the engine alone, like the raw broadcast (default); load: also copy into the receiver's model",
+    )
     args = parser.parse_args()
 
     world_size = 1 + args.receivers
@@ -166,7 +183,8 @@ def main() -> None:
         _gather([executor.submit(_allocate_flat, nbytes) for executor in ranks[1:]])
         print(
             f"{nbytes / 1e6:.0f} MB of bf16 weights in {args.layers}+2 layers of tensors; 1 sender -> "
-            f"{args.receivers} receiver(s); bucket {args.bucket_mb} MiB; {os.cpu_count()} CPU cores"
+            f"{args.receivers} receiver(s); bucket {args.bucket_mb} MiB; consumer {args.consumer}; "
+            f"{os.cpu_count()} CPU cores; load average {os.getloadavg()[0]:.2f}"
         )
 
         results: dict[str, list[tuple[float, float]]] = {"raw": [], "raw, fresh": [], "engine": []}
@@ -190,7 +208,9 @@ def main() -> None:
             )
             setup = time.monotonic() - setup_start
             sent = ranks[0].submit(_engine_send, rep)
-            received = _gather([executor.submit(_engine_receive, rep) for executor in ranks[1:]])
+            received = _gather(
+                [executor.submit(_engine_receive, rep, args.consumer == "load") for executor in ranks[1:]]
+            )
             assert all(got == nbytes for _, got in received), "a receiver missed bytes"
             spans = [sent.result(timeout=600)] + [span for span, _ in received]
             results["engine"].append((_gbps(nbytes, spans), sum(span.cpu_s for span in spans)))
@@ -217,6 +237,14 @@ def main() -> None:
             f"  engine / raw = {engine / medians['raw'][0]:.2f}, engine / raw fresh = "
             f"{engine / medians['raw, fresh'][0]:.2f}; group setup+teardown {statistics.median(setup_s) * 1e3:.0f} ms"
         )
+        # Each rep's engine run against the raw runs just before it: steadier on a shared machine.
+        for name in ("raw", "raw, fresh"):
+            paired = sorted(e / r for (e, _), (r, _) in zip(results["engine"], results[name], strict=True))
+            print(
+                f"  engine / {name} per rep: median {statistics.median(paired):.2f}, "
+                f"range {paired[0]:.2f}-{paired[-1]:.2f}"
+            )
+        print(f"  load average at the end {os.getloadavg()[0]:.2f}")
     finally:
         for executor in ranks:
             executor.shutdown(wait=True, cancel_futures=True)

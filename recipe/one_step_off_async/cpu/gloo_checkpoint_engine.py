@@ -42,8 +42,9 @@ until the consumer asks for the next item.** A tensor that fits in a bucket is a
 buffer that a later bucket overwrites; only a tensor larger than a bucket, reassembled from its
 chunks, is yielded as memory of its own. So a consumer copies each tensor where it belongs before
 it pulls the next one, as verl's vLLM server adapter and ``HFServerAdapter.update_weights``
-(``cpu/hf_server.py``) do, and ``.clone()``s whatever it keeps. Not copying again on the receiver is
-what brings a sync close to a raw broadcast; ``scripts/bench_gloo_engine.py`` compares the two.
+(``cpu/hf_server.py``) do, and ``.clone()``s whatever it keeps. This spares the receiver a copy and
+fresh pages for every tensor; ``scripts/bench_gloo_engine.py`` compares a sync, loaded into a model
+as a server adapter does, with a raw gloo broadcast of the same bytes.
 """
 
 from __future__ import annotations
