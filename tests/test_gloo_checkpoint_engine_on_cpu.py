@@ -364,45 +364,6 @@ def _build_tiny_qwen2(path: Path) -> None:
     Qwen2ForCausalLM(config).save_pretrained(path)
 
 
-def _update_actor_once(actor_wg, seed: int) -> None:
-    """One PPO update on a random 4-sample batch, so the actor's weights move."""
-    from verl import DataProto
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    generator = torch.Generator().manual_seed(seed)
-    batch_size, prompt_len, response_len = 4, 8, 6
-    tokens = torch.randint(10, 100, (batch_size, prompt_len + response_len), generator=generator)
-    attention_mask = torch.ones_like(tokens)
-    batch = DataProto.from_dict(
-        tensors={
-            "input_ids": tokens,
-            "attention_mask": attention_mask,
-            "position_ids": torch.arange(prompt_len + response_len).repeat(batch_size, 1),
-            "prompts": tokens[:, :prompt_len],
-            "responses": tokens[:, prompt_len:],
-            "response_mask": attention_mask[:, prompt_len:],
-            "old_log_probs": torch.full((batch_size, response_len), -4.8),
-            "advantages": torch.randn(batch_size, response_len, generator=generator),
-        },
-        meta_info={"temperature": 1.0, "multi_turn": False},
-    )
-    data = left_right_2_no_padding(batch.to_tensordict())
-    tu.assign_non_tensor(
-        data,
-        calculate_entropy=False,
-        distillation_use_topk=False,
-        distillation_only=False,
-        global_batch_size=batch_size,
-        mini_batch_size=batch_size,
-        epochs=1,
-        seed=seed,
-        dataloader_kwargs={"shuffle": False},
-        compute_loss=True,
-    )
-    actor_wg.update_actor(data)
-
-
 class _KeepingServerAdapter:
     """The rollout server's end of a sync, reduced to keeping what arrived and its version."""
 
@@ -450,14 +411,12 @@ def ray_shipping_this_module(cpu_ray):
 @pytest.mark.slow
 def test_verl_manager_syncs_fsdp2_actor_to_rollout_worker_exactly(ray_shipping_this_module, tmp_path):
     ray = ray_shipping_this_module
-    import verl
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
     from verl.checkpoint_engine.base import CheckpointEngineManager, CheckpointEngineWorker
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl_actor import actor_group, cpu_config, rollout_batch, update_actor
 
     class ActorWithFullState(ActorRolloutRefWorker):
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -474,36 +433,8 @@ def test_verl_manager_syncs_fsdp2_actor_to_rollout_worker_exactly(ray_shipping_t
 
     model_path = tmp_path / "tiny_qwen2"
     _build_tiny_qwen2(model_path)
-    overrides = [
-        f"actor_rollout_ref.model.path={model_path}",
-        "actor_rollout_ref.model.use_remove_padding=false",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
-        "actor_rollout_ref.actor.use_torch_compile=false",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",  # init_model asserts it is set
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=1",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=2",
-        "trainer.nnodes=1",
-        "data.train_batch_size=4",
-        *_checkpoint_engine_overrides(bucket_megabytes=1),
-    ]
-    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=overrides)
-    OmegaConf.resolve(config)
-
-    actor_wg = RayWorkerGroup(
-        resource_pool=RayResourcePool(process_on_nodes=[2], use_gpu=True, max_colocate_count=1, name_prefix="actor"),
-        ray_cls_with_init=RayClassWithInitArgs(
-            ray.remote(ActorWithFullState), config=config.actor_rollout_ref, role="actor"
-        ),
-        device_name="cpu",
-    )
-    actor_wg.init_model()
+    config = cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *_checkpoint_engine_overrides(bucket_megabytes=1))
+    actor_wg = actor_group(config, ranks=2, worker_cls=ActorWithFullState)
     rollout_wg = RayWorkerGroup(
         resource_pool=RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="rollout"),
         ray_cls_with_init=RayClassWithInitArgs(
@@ -521,8 +452,10 @@ def test_verl_manager_syncs_fsdp2_actor_to_rollout_worker_exactly(ray_shipping_t
     )
 
     previous = None
+    generator = torch.Generator().manual_seed(0)
     for step in (1, 2):
-        _update_actor_once(actor_wg, seed=step)
+        sequences = [(torch.randint(10, 100, (8,), generator=generator).tolist(),) * 2 for _ in range(4)]
+        update_actor(actor_wg, rollout_batch(sequences, pad_id=0, advantages=torch.randn(4, 8, generator=generator)))
         metrics = manager.update_weights(global_steps=step)
         actor_state = actor_wg.full_state()[0]
         version, received = rollout_wg.received()[0]

@@ -8,6 +8,8 @@ padding conversions verl's trainer applies (``RayPPOTrainer._compute_old_log_pro
 
 from __future__ import annotations
 
+import uuid
+
 import ray
 import torch
 from hydra import compose, initialize_config_module
@@ -29,6 +31,9 @@ def cpu_config(model_dir: str, *overrides: str) -> DictConfig:
                 "data.train_files=unused",
                 "data.val_files=unused",
                 "reward.custom_reward_function.path=null",
+                # Test batches are a few sequences; micro-batches must divide them on every rank.
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
                 *overrides,
             ],
         )
@@ -37,8 +42,12 @@ def cpu_config(model_dir: str, *overrides: str) -> DictConfig:
 
 
 def actor_group(config: DictConfig, ranks: int, name: str = "actor", worker_cls=ActorRolloutRefWorker):
-    """verl's FSDP2 actor, ``ranks`` processes on a resource pool of its own, initialised."""
-    pool = RayResourcePool(process_on_nodes=[ranks], use_gpu=True, max_colocate_count=1, name_prefix=f"{name}_pool")
+    """verl's FSDP2 actor, ``ranks`` processes on a resource pool of its own, initialised.
+
+    Pool names are unique: several tests build actors in one Ray session.
+    """
+    prefix = f"{name}_{uuid.uuid4().hex[:8]}_pool"
+    pool = RayResourcePool(process_on_nodes=[ranks], use_gpu=True, max_colocate_count=1, name_prefix=prefix)
     worker = RayClassWithInitArgs(cls=ray.remote(worker_cls), config=config.actor_rollout_ref, role="actor")
     group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, device_name="cpu")
     group.init_model()
