@@ -35,6 +35,10 @@ class Run:
             merged.setdefault(record["step"], {}).update(record["data"])
         return merged
 
+    def validation(self, key: str) -> dict[int, float]:
+        """The validation metric ``key`` by step, for the steps that validated."""
+        return {step: values[key] for step, values in self.metrics.items() if key in values}
+
     def prompts(self, step: int) -> list[str]:
         """The prompts trained at ``step``, in batch order (one per sample)."""
         lines = (self.directory / "rollouts" / f"{step}.jsonl").read_text().splitlines()
