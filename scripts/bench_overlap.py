@@ -68,6 +68,7 @@ ROLES = {
 }
 RAY_RUNTIME = "Ray daemons and idle workers"
 POLL_S = 0.2
+BUSY_MACHINE_CORES = 0.2  # cores used by other processes above which the report warns
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,10 @@ def row(label: str, means: dict[str, float], run_cores: float, other_cores: floa
 
 def report(results: dict[int, list[RunResult]], steps: int) -> None:
     cores = len(os.sched_getaffinity(0))
-    print(f"\nsteady state: steps 3..{steps - 1} of each run; times in seconds; {cores} cores")
+    print(
+        f"\nsteady state: steps 3..{steps - 1} of each run; times in seconds; run / other cores: cores used by "
+        f"the run's processes / by the rest of the machine ({cores} cores)"
+    )
     print(
         f"{'':<16}"
         + "".join(f"{column:>7}" for column in COLUMNS[:-1])
@@ -252,6 +256,12 @@ def report(results: dict[int, list[RunResult]], steps: int) -> None:
         f"from wall clock per step: {sync['wall'] / one_off['wall']:.2f}"
     )
     print(f"overlap efficiency: s0 {sync['efficiency']:.2f}, s1 {one_off['efficiency']:.2f}")
+    busiest = max(r.cpu.other_cores for runs in results.values() for r in runs)
+    if busiest > BUSY_MACHINE_CORES:
+        print(
+            f"warning: other processes used up to {busiest:.2f} of the {cores} cores during these runs; the two "
+            "pools then compete for what is left and the speedup measures the machine's load, not the pipeline"
+        )
     ideal = (sync["gen"] + sync["train"] + sync["sync"]) / (max(sync["gen"], sync["train"]) + sync["sync"])
     print(
         f"if the pools did not share cores, s0's split would allow (gen + train + sync) / (max(gen, train) + sync) "

@@ -17,6 +17,8 @@ import pytest
 from e2e import run_main
 from faults import ACTOR_WORKER, ROLLOUT_SERVER, reward_function, start_main
 
+from recipe.one_step_off_async.checkpoint_check import verify_checkpoint
+
 pytestmark = pytest.mark.slow
 
 # Bounded everything: a failure must surface within these, not after verl's hour-long defaults.
@@ -81,7 +83,7 @@ def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
     assert 2 not in run.logged_steps()  # the step whose sync failed is not reported as done
 
 
-def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path):
+def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, demo_assets):
     checkpoints = tmp_path / "checkpoints"
     run = start_main(
         tmp_path / "interrupted",
@@ -99,8 +101,11 @@ def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path):
     assert time.monotonic() - interrupted_at < 60
     assert run.leftovers() == []
 
+    # The trainer may finish a step or two while the interrupt tears Ray down: any even step is fine,
+    # as long as the tracker names a checkpoint that was written completely.
     last = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
-    assert last in (2, 4)
+    assert last >= 2 and last % 2 == 0
+    verify_checkpoint(checkpoints / f"global_step_{last}", demo_assets.model_dir, actor_world_size=1)
     resumed = run_main(
         tmp_path / "resumed",
         *BOUNDED,

@@ -121,6 +121,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         finally:
             self.train_dataloader.close()
             self._sync_executor.shutdown(wait=False, cancel_futures=True)
+            if self.progress_bar is not None:
+                self.progress_bar.close()
 
     def _prepare_generation(self, batch_dict: dict, step: int) -> tuple[DataProto, DataProto]:
         """Build the step's batch (with uids) and the prompts sent to the rollout pool."""
