@@ -233,8 +233,9 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
                 f"The batch for step {step} was generated with weight version(s) {versions}, expected v{expected} "
                 f"(staleness {self.async_config.staleness}): a weight sync did not reach the rollout replicas."
             )
-        self.metrics["async/staleness"] = (step - 1) - expected
-        self.metrics["async/weight_version"] = expected
+        (version,) = versions
+        self.metrics["async/staleness"] = (step - 1) - version  # measured: v_{k-1} minus the rollout's version
+        self.metrics["async/weight_version"] = version
 
     def _fit_collect_metrics(self, batch: DataProto) -> None:
         super()._fit_collect_metrics(batch)
