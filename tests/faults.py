@@ -125,6 +125,14 @@ class WatchedRun:
                 continue
         return found
 
+    def wait_for_task(self, title: str, task: str, timeout_s: float = 300) -> None:
+        """Block until a worker of ``title`` runs ``task`` (Ray shows the running task in the process title)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(task in " ".join(p.cmdline()) for p in self.processes(title)):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no {title} process ran {task} (exit code {self.process.poll()})")
+            time.sleep(0.02)
+
     def signal_worker(self, title: str, sig: signal.Signals) -> psutil.Process:
         (target,) = self.processes(title)
         target.send_signal(sig)

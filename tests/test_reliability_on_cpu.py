@@ -72,15 +72,17 @@ def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
         "actor_rollout_ref.actor.ppo_epochs=8",
     )
     run.wait_for_step(1)
-    time.sleep(1.5)  # step 2: generation done, the actor is updating
+    run.wait_for_task(ACTOR_WORKER, "update_actor")  # step 2: generation done, the actor is updating
     server = run.signal_worker(ROLLOUT_SERVER, signal.SIGSTOP)
+    frozen_step = max(run.logged_steps()) + 1
     time.sleep(6)  # the update ends and the sync starts, against a frozen receiver
     server.kill()
     killed_at = time.monotonic()
     _, _, output = run.wait(timeout_s=FAIL_WITHIN_S + 60)
     assert_failed_cleanly(run, output, time.monotonic() - killed_at)
     assert "HFRolloutServer" in output
-    assert 2 not in run.logged_steps()  # the step whose sync failed is not reported as done
+    assert "_fit_update_weights" in output  # the failure surfaced in the weight sync
+    assert frozen_step not in run.logged_steps()  # the step whose sync failed is not reported as done
 
 
 def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, demo_assets):
