@@ -18,19 +18,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from e2e import ENTRY
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 TESTS_DIR = Path(__file__).resolve().parent
 FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
-ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", "--config-name=one_step_off_ppo_cpu"]
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
 ACTOR_WORKER = "ray::WorkerDict"
