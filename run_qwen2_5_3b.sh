@@ -3,7 +3,10 @@
 # (vLLM, one replica per GPU), NCCL weight sync after every step, staleness 1.
 #
 #   pip install -e ".[gpu]"
+#   pip install --no-build-isolation -e ".[gpu,flash]"   # flash-attn: compiles ~1 h against torch, needs nvcc
 #   MODEL_PATH=/models/Qwen2.5-3B-Instruct DATA_DIR=~/data/gsm8k bash run_qwen2_5_3b.sh [hydra overrides]
+#
+# Without flash-attn: ATTN=sdpa bash run_qwen2_5_3b.sh (padded micro-batches; main_ppo names what is missing).
 #
 # The GSM8K parquet files are prepared on first use (GSM8K_SOURCE: a local copy; else downloaded).
 # Check the launch without GPUs: ENTRY_MODULE=recipe.one_step_off_async.check_config bash run_qwen2_5_3b.sh
@@ -17,6 +20,9 @@ ROLLOUT_GPUS=${ROLLOUT_GPUS:-4}
 PROJECT=${PROJECT:-one_step_off_async}
 EXPERIMENT=${EXPERIMENT:-qwen2_5_3b_gsm8k_grpo_s${STALENESS}}
 ENTRY_MODULE=${ENTRY_MODULE:-recipe.one_step_off_async.main_ppo}
+# flash_attention_2 packs sequences without padding (use_remove_padding); sdpa runs on `.[gpu]` alone.
+ATTN=${ATTN:-flash_attention_2}
+REMOVE_PADDING=$([ "$ATTN" = flash_attention_2 ] && echo true || echo false)
 
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   python3 -m recipe.one_step_off_async.data.gsm8k --output-dir "$DATA_DIR" ${GSM8K_SOURCE:+--source "$GSM8K_SOURCE"}
@@ -33,7 +39,8 @@ python3 -m "$ENTRY_MODULE" \
   data.filter_overlong_prompts=true \
   data.truncation=error \
   actor_rollout_ref.model.path="$MODEL_PATH" \
-  actor_rollout_ref.model.use_remove_padding=true \
+  actor_rollout_ref.model.override_config.attn_implementation="$ATTN" \
+  actor_rollout_ref.model.use_remove_padding="$REMOVE_PADDING" \
   actor_rollout_ref.model.enable_gradient_checkpointing=true \
   actor_rollout_ref.actor.strategy=fsdp2 \
   actor_rollout_ref.actor.optim.lr=1e-6 \

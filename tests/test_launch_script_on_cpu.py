@@ -24,12 +24,18 @@ def prepared_gsm8k(tmp_path: Path) -> Path:
     return data
 
 
-def test_launch_script_config_passes_the_recipe_validation(tmp_path):
+@pytest.mark.parametrize("attention", ["flash_attention_2", "sdpa"])
+def test_launch_script_config_passes_the_recipe_validation(tmp_path, attention):
     data = prepared_gsm8k(tmp_path)
     result = subprocess.run(
         ["bash", str(ROOT / "run_qwen2_5_3b.sh")],
         cwd=tmp_path,
-        env={**os.environ, "ENTRY_MODULE": "recipe.one_step_off_async.check_config", "DATA_DIR": str(data)},
+        env={
+            **os.environ,
+            "ENTRY_MODULE": "recipe.one_step_off_async.check_config",
+            "DATA_DIR": str(data),
+            "ATTN": attention,
+        },
         capture_output=True,
         text=True,
         timeout=300,
@@ -39,6 +45,8 @@ def test_launch_script_config_passes_the_recipe_validation(tmp_path):
         "config OK: staleness 1; actor 1x4 cuda; rollout vllm 1x4 (tp 1); weight sync nccl; "
         "model Qwen/Qwen2.5-3B-Instruct" in result.stdout
     )
+    # The preflight (informational here, no GPU stack on CI) asks for flash-attn only when it is selected.
+    assert ("flash_attn (flash-attn), selected by" in result.stdout) == (attention == "flash_attention_2")
 
 
 def test_launch_script_rejects_what_the_recipe_cannot_run(tmp_path):

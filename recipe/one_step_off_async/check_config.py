@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.one_step_off_async.main_ppo import prepare_config
+from recipe.one_step_off_async.preflight import missing_backends
 
 
 @hydra.main(config_path="config", config_name="one_step_off_ppo_trainer", version_base=None)
@@ -25,6 +26,11 @@ def main(config: DictConfig) -> None:
         f"(tp {rollout.tensor_model_parallel_size}); weight sync {rollout.checkpoint_engine.backend}; "
         f"model {config.actor_rollout_ref.model.path}"
     )
+    # Informational only: the launch may be checked on another machine than the one that runs it.
+    missing = missing_backends(config)
+    print("preflight on this machine:", "main_ppo would stop here, missing:" if missing else "all backends installed")
+    for line in missing:
+        print(f"  - {line}")
 
 
 if __name__ == "__main__":

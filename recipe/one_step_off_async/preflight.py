@@ -1,0 +1,220 @@
+"""Preflight: is every backend the config selects installed here? Checked before Ray starts.
+
+What: ``check_backends(config)`` lists the Python modules that the selected rollout engine
+(``actor_rollout_ref.rollout.name``), checkpoint engine (``rollout.checkpoint_engine.backend`` and
+``custom_backend_module``) and attention implementation (``model.override_config.attn_implementation``)
+import, checks each one, and raises ``ConfigError`` naming every missing module with the key
+that selected it and the pip command that installs it (or the override that avoids it).
+
+Why: without it a missing vLLM, cupy or flash-attn shows up minutes into a launch, inside a Ray
+worker, as an ``ImportError`` about flash-attention or as verl's "Checkpoint engine nccl not
+registered".
+
+How: ``main_ppo`` calls it right after ``prepare_config``; ``check_config`` prints what it would
+say on the current machine. ``REQUIREMENTS`` is the one table of module -> distribution -> pip
+command; ``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from recipe.one_step_off_async.async_config import ConfigError
+
+# The override that switches flash-attention off (also for a key the config does not have yet).
+SDPA_OVERRIDE = "++{prefix}.override_config.attn_implementation=sdpa"
+
+
+def _find(module: str) -> str | None:
+    """None when ``module`` can be found, else why not. find_spec imports the parent packages."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None if found else f"no module named {module!r}"
+
+
+def _import(module: str) -> str | None:
+    """None when ``module`` imports; cupy's nccl binding can be found yet fail to load its library."""
+    missing = _find(module.split(".")[0])
+    if missing:
+        return missing
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # any failure to load is reported to the user, with its type
+        return f"import {module} failed: {type(error).__name__}: {error}"
+    return None
+
+
+def _gloo() -> str | None:
+    missing = _find("torch")
+    if missing:
+        return missing
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        return "this torch build has no torch.distributed gloo backend"
+    return None
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A module a backend imports, the distribution that provides it, and how to install it."""
+
+    module: str
+    distribution: str
+    install: str
+    # The project's extra that provides it; None when none does.
+    extra: str | None
+    probe: Callable[[], str | None] | None = None
+
+    def problem(self) -> str | None:
+        """None when the module is usable here, else what is wrong."""
+        return self.probe() if self.probe else _find(self.module)
+
+
+# module -> distribution -> pip command. The pins live in pyproject.toml's extras (which use verl
+# 0.9.1's own extras for torch 2.11 / CUDA 13) so the commands name extras, not versions.
+REQUIREMENTS: dict[str, Requirement] = {
+    r.module: r
+    for r in (
+        Requirement("vllm", "vllm", 'pip install -e ".[gpu]"', "gpu"),
+        Requirement("sglang", "sglang", 'pip install "verl[sglang]==0.9.1"', None),
+        Requirement(
+            "cupy.cuda.nccl",
+            "cupy-cuda13x",
+            'pip install -e ".[gpu]" (cupy-cuda13x, for the CUDA 13 torch it installs)',
+            "gpu",
+            probe=lambda: _import("cupy.cuda.nccl"),
+        ),
+        Requirement(
+            "flash_attn",
+            "flash-attn",
+            'pip install -e ".[gpu]" && pip install --no-build-isolation -e ".[gpu,flash]" '
+            "(compiles flash-attn against the installed torch: needs nvcc, takes an hour or more)",
+            "flash",
+        ),
+        Requirement("nixl", "nixl", "pip install nixl", None),
+        Requirement("mooncake.engine", "mooncake-transfer-engine", "pip install mooncake-transfer-engine", None),
+        Requirement("checkpoint_engine", "checkpoint-engine", "pip install checkpoint-engine", None),
+        Requirement("torch.distributed", "torch", 'pip install -e ".[cpu]"', "cpu", probe=_gloo),
+    )
+}
+
+# What each backend imports beyond the base install (by REQUIREMENTS key).
+ROLLOUT_MODULES: dict[str, tuple[str, ...]] = {"vllm": ("vllm",), "sglang": ("sglang",), "hf": ()}
+CHECKPOINT_ENGINE_MODULES: dict[str, tuple[str, ...]] = {
+    "nccl": ("cupy.cuda.nccl",),
+    "nixl": ("nixl", "cupy.cuda.nccl"),
+    "mooncake": ("mooncake.engine",),
+    "kimi": ("checkpoint_engine",),
+    "gloo": ("torch.distributed",),
+    "checkpoint": (),  # writes the safetensors format itself
+    "naive": (),
+}
+# The recipe's own engines register with verl only when their module is imported, in every worker:
+# verl imports rollout.checkpoint_engine.custom_backend_module there.
+RECIPE_ENGINE_MODULES: dict[str, str] = {
+    "gloo": "recipe.one_step_off_async.cpu.gloo_checkpoint_engine",
+    "checkpoint": "recipe.one_step_off_async.file_checkpoint_engine",
+}
+# transformers imports flash_attn when a model loads with flash_attention_2 (verl's default when
+# override_config sets none). use_remove_padding alone does not need it: verl 0.9.1 falls back to
+# torch pad/unpad, and transformers' sdpa (5.9.0) masks packed sequences apart by their position_ids.
+ATTENTION_MODULES: dict[str, tuple[str, ...]] = {"flash_attention_2": ("flash_attn",)}
+VERL_DEFAULT_ATTENTION = "flash_attention_2"
+
+
+@dataclass(frozen=True)
+class Need:
+    """A module the config needs, and the ``key=value`` settings that selected it."""
+
+    requirement: Requirement
+    selected_by: tuple[str, ...]
+    avoid: str | None = None
+
+
+def _model_sections(config: DictConfig) -> list[str]:
+    """The model configs whose attention implementation a worker loads (actor/ref, and the critic if used)."""
+    from verl.trainer.ppo.utils import need_critic
+
+    with warnings.catch_warnings():  # need_critic repeats a warning prepare_config already showed
+        warnings.simplefilter("ignore")
+        critic = OmegaConf.select(config, "critic.model") is not None and need_critic(config)
+    return ["actor_rollout_ref.model", *(["critic.model"] if critic else [])]
+
+
+def required_modules(config: DictConfig) -> list[Need]:
+    """The modules the backends selected by ``config`` import, each with the keys that selected it. Pure."""
+    rollout = config.actor_rollout_ref.rollout
+    backend = rollout.checkpoint_engine.backend
+    selections = [
+        (ROLLOUT_MODULES.get(rollout.name, ()), f"actor_rollout_ref.rollout.name={rollout.name}", None),
+        (
+            CHECKPOINT_ENGINE_MODULES.get(backend, ()),
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}",
+            None,
+        ),
+    ]
+    for prefix in _model_sections(config):
+        attention = OmegaConf.select(config, f"{prefix}.override_config.attn_implementation") or VERL_DEFAULT_ATTENTION
+        selections.append(
+            (
+                ATTENTION_MODULES.get(attention, ()),
+                f"{prefix}.override_config.attn_implementation={attention}",
+                SDPA_OVERRIDE.format(prefix=prefix),
+            )
+        )
+    selected: dict[str, list[str]] = {}
+    avoid: dict[str, list[str]] = {}
+    for modules, setting, override in selections:
+        for module in modules:
+            selected.setdefault(module, []).append(setting)
+            avoid.setdefault(module, []).extend([override] if override else [])
+    return [Need(REQUIREMENTS[m], tuple(keys), " ".join(avoid[m]) or None) for m, keys in selected.items()]
+
+
+def missing_backends(config: DictConfig) -> list[str]:
+    """One line per missing module (or custom backend module) the config selects; empty when all are here."""
+    lines = []
+    for need in required_modules(config):
+        problem = need.requirement.problem()
+        if problem:
+            line = (
+                f"{need.requirement.module} ({need.requirement.distribution}), selected by "
+                f"{', '.join(need.selected_by)}: {problem}. Install: {need.requirement.install}"
+            )
+            lines.append(line + (f"; or avoid it: {need.avoid}" if need.avoid else ""))
+    engine = config.actor_rollout_ref.rollout.checkpoint_engine
+    key = "actor_rollout_ref.rollout.checkpoint_engine"
+    custom = engine.get("custom_backend_module")
+    problem = _find(custom) if custom else None
+    if problem:
+        lines.append(
+            f"{custom}, selected by {key}.custom_backend_module={custom}: {problem}. Point the key at an importable "
+            f"module that registers the {engine.backend!r} checkpoint engine, or unset it."
+        )
+    own = RECIPE_ENGINE_MODULES.get(engine.backend)
+    if own and custom != own:
+        lines.append(
+            f"{own}, the module that registers {key}.backend={engine.backend}, is not loaded in the workers "
+            f"({key}.custom_backend_module={custom}): verl would report the engine as not registered. "
+            f"Set {key}.custom_backend_module={own}"
+        )
+    return lines
+
+
+def check_backends(config: DictConfig) -> None:
+    """Raise ``ConfigError`` naming every module the config's backends need that is missing here."""
+    lines = missing_backends(config)
+    if lines:
+        raise ConfigError(
+            "The config selects backends that this machine cannot load (pip commands run from the project root):\n"
+            + "\n".join(f"  - {line}" for line in lines)
+        )

@@ -1,0 +1,242 @@
+"""The preflight names every backend module a config selects that is missing, with the key and the fix.
+
+Modules are made missing by patching ``importlib.util.find_spec`` (so the tests read the same on a
+machine that has vLLM), except where the test is about this CPU machine as it is: the CPU profile
+passes, and the real entry point with the GPU profile stops before Ray starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from hydra import compose, initialize_config_module
+
+from recipe.one_step_off_async import preflight
+from recipe.one_step_off_async.async_config import COMPATIBLE_CHECKPOINT_ENGINES, ConfigError
+from recipe.one_step_off_async.preflight import check_backends, missing_backends, required_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_EXTRA = 'pip install -e ".[gpu]"'
+
+
+def compose_config(name: str, *overrides: str):
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """``without("vllm", "cupy")``: find_spec reports those top-level packages (and their modules) absent."""
+    real_find_spec = importlib.util.find_spec
+
+    def hide(*names: str) -> None:
+        def find_spec(name, package=None):
+            return None if name.split(".")[0] in names else real_find_spec(name, package)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    return hide
+
+
+def error_of(config) -> str:
+    with pytest.raises(ConfigError) as caught:
+        check_backends(config)
+    return str(caught.value)
+
+
+def test_gpu_profile_names_vllm_and_cupy_with_their_pip_commands(without):
+    without("vllm", "cupy", "flash_attn")
+
+    message = error_of(compose_config("one_step_off_ppo_trainer"))
+
+    assert (
+        f"vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'. Install: {GPU_EXTRA}"
+        in (message)
+    )
+    assert (
+        "cupy.cuda.nccl (cupy-cuda13x), selected by actor_rollout_ref.rollout.checkpoint_engine.backend=nccl: "
+        f"no module named 'cupy'. Install: {GPU_EXTRA}"
+    ) in message
+    # The GPU profile runs on sdpa: `.[gpu]` alone is enough.
+    assert "flash_attn" not in message
+
+
+def test_flash_attention_names_flash_attn_its_install_and_the_override_that_avoids_it(without):
+    without("vllm", "cupy", "flash_attn")
+
+    message = error_of(
+        compose_config(
+            "one_step_off_ppo_trainer",
+            "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+            "actor_rollout_ref.model.use_remove_padding=true",
+        )
+    )
+
+    lines = message.splitlines()[1:]
+    assert [line.split(" (")[0] for line in lines] == ["  - vllm", "  - cupy.cuda.nccl", "  - flash_attn"]
+    assert lines[2] == (
+        "  - flash_attn (flash-attn), selected by actor_rollout_ref.model.override_config.attn_implementation="
+        "flash_attention_2: no module named 'flash_attn'. Install: "
+        + preflight.REQUIREMENTS["flash_attn"].install
+        + "; or avoid it: ++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+    )
+    assert 'pip install --no-build-isolation -e ".[gpu,flash]"' in lines[2]
+
+
+def test_verl_default_attention_counts_as_flash_attention_2(without):
+    """No attn_implementation anywhere (verl's own default) is flash_attention_2, for the critic too."""
+    without("flash_attn")
+    config = compose_config(
+        "one_step_off_ppo_cpu",
+        "algorithm.adv_estimator=gae",
+        "~actor_rollout_ref.model.override_config.attn_implementation",
+    )
+
+    message = error_of(config)
+
+    assert "selected by actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2, " in message
+    assert "critic.model.override_config.attn_implementation=flash_attention_2: no module named" in message
+    assert "or avoid it: ++actor_rollout_ref.model.override_config.attn_implementation=sdpa " in message
+    assert "++critic.model.override_config.attn_implementation=sdpa" in message
+
+
+def test_cpu_profile_passes_on_this_machine():
+    config = compose_config("one_step_off_ppo_cpu")
+
+    check_backends(config)
+
+    assert [need.requirement.module for need in required_modules(config)] == ["torch.distributed"]
+
+
+def test_missing_checkpoint_backend_module_is_named():
+    config = compose_config(
+        "one_step_off_ppo_cpu",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.one_step_off_async.no_such_engine",
+    )
+
+    message = error_of(config)
+
+    assert (
+        "recipe.one_step_off_async.no_such_engine, selected by actor_rollout_ref.rollout.checkpoint_engine."
+        "custom_backend_module=recipe.one_step_off_async.no_such_engine: no module named"
+    ) in message
+    # ... and the gloo engine it selects is then registered nowhere.
+    assert message.endswith(
+        "Set actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
+        "recipe.one_step_off_async.cpu.gloo_checkpoint_engine"
+    )
+
+
+def test_recipe_engine_without_its_module_is_named():
+    config = compose_config(
+        "one_step_off_ppo_cpu",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
+    )
+
+    (line,) = missing_backends(config)
+
+    assert line.startswith(
+        "recipe.one_step_off_async.file_checkpoint_engine, the module that registers "
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint, is not loaded in the workers"
+    )
+    assert line.endswith("custom_backend_module=recipe.one_step_off_async.file_checkpoint_engine")
+    check_backends(
+        compose_config(
+            "one_step_off_ppo_cpu",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
+            "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
+            "recipe.one_step_off_async.file_checkpoint_engine",
+        )
+    )
+
+
+def test_custom_backend_module_under_a_missing_package_is_named():
+    config = compose_config(
+        "one_step_off_ppo_cpu", "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=nowhere.engine"
+    )
+
+    line, _gloo_unregistered = missing_backends(config)
+
+    assert line.startswith(
+        "nowhere.engine, selected by actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"
+    )
+    assert "ModuleNotFoundError" in line
+
+
+def test_cupy_that_is_installed_but_fails_to_import_is_named(monkeypatch):
+    """cupy is found, but loading its NCCL binding fails (no libnccl, wrong CUDA): a real import catches it."""
+    real_find_spec, real_import = importlib.util.find_spec, importlib.import_module
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, package=None: object() if name == "cupy" else real_find_spec(name)
+    )
+
+    def import_module(name, package=None):
+        if name == "cupy.cuda.nccl":
+            raise ImportError("libnccl.so.2: cannot open shared object file")
+        return real_import(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    config = compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")
+
+    (line,) = missing_backends(config)
+
+    assert "import cupy.cuda.nccl failed: ImportError: libnccl.so.2: cannot open shared object file" in line
+
+
+def test_every_backend_the_recipe_accepts_is_in_the_table_and_every_extra_exists():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(preflight.ROLLOUT_MODULES) == set(COMPATIBLE_CHECKPOINT_ENGINES)
+    engines = {engine for engines in COMPATIBLE_CHECKPOINT_ENGINES.values() for engine in engines}
+    assert engines <= set(preflight.CHECKPOINT_ENGINE_MODULES)
+    for modules in (
+        *preflight.ROLLOUT_MODULES.values(),
+        *preflight.CHECKPOINT_ENGINE_MODULES.values(),
+        *preflight.ATTENTION_MODULES.values(),
+    ):
+        assert set(modules) <= set(preflight.REQUIREMENTS)
+    for requirement in preflight.REQUIREMENTS.values():
+        assert requirement.extra in (None, *extras), requirement
+        if requirement.extra in extras:
+            assert f".[{requirement.extra}" in requirement.install or f",{requirement.extra}]" in requirement.install
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the GPU path may start")
+def test_entry_point_with_the_gpu_profile_stops_before_ray(demo_assets, tmp_path):
+    """The real ``main_ppo`` on this CPU machine: prepare_config passes, the preflight stops it, Ray never starts."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recipe.one_step_off_async.main_ppo",
+            f"actor_rollout_ref.model.path={demo_assets.model_dir}",
+            f"data.train_files={demo_assets.train_file}",
+            f"data.val_files={demo_assets.val_file}",
+            f"hydra.run.dir={tmp_path}",
+            # What verl's own validation asks of every launch (run_qwen2_5_3b.sh sets the same).
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert result.returncode != 0
+    assert "ConfigError: The config selects backends that this machine cannot load" in result.stderr
+    assert (
+        f"vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'. Install: {GPU_EXTRA}"
+        in (result.stderr)
+    )
+    assert "cupy.cuda.nccl (cupy-cuda13x), selected by actor_rollout_ref.rollout.checkpoint_engine.backend=nccl" in (
+        result.stderr
+    )
+    assert "in run_ppo" not in result.stderr and "Started a local Ray instance" not in result.stdout + result.stderr
