@@ -185,13 +185,25 @@ def _sync(
     dawdle_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """A whole healthy sync of ``_model_weights(seed)``; returns what each receiver got."""
+    return _sync_with_metrics(sender, receivers, seed, version, reuse_memory, dawdle_s)[1]
+
+
+def _sync_with_metrics(
+    sender: _EngineProcess,
+    receivers: list[_EngineProcess],
+    seed: int,
+    version: int,
+    reuse_memory: bool = False,
+    dawdle_s: float = 0.0,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """``_sync``, also returning the sender's metrics."""
     sent, received = _start_sync(
         sender, receivers, (seed, version, reuse_memory), [(seed, version, None, dawdle_s)] * len(receivers)
     )
     metrics, *received = _results([sent, *received])
     assert metrics["checkpoint_engine/buckets"] > 2, "the test must reuse both buffers"
     _results([worker.call("finalize") for worker in (sender, *receivers)])
-    return received
+    return metrics, received
 
 
 @pytest.fixture(scope="module")
@@ -303,6 +315,82 @@ def test_receiver_rejects_a_version_it_was_not_told(engines):
         received[0].result(timeout=STEP_TIMEOUT_S)
     for received in _sync(sender, receivers, seed=7, version=7):  # and the next sync is healthy again
         _assert_received_exactly(received, seed=7, version=7)
+
+
+def test_group_is_kept_across_syncs_and_rebuilt_when_a_rank_comes_back_new(engines):
+    sender, receivers = engines
+    _sync(sender, receivers, seed=20, version=20)  # whatever the earlier tests left, all now hold one group
+    metrics, received = _sync_with_metrics(sender, receivers, seed=21, version=21)
+    assert metrics["checkpoint_engine/group_reused"] == 1.0
+    for got in received:
+        _assert_received_exactly(got, seed=21, version=21)
+    # The receivers' own split of that sync, for the manager to collect.
+    for split in _results([receiver.call("receive_metrics") for receiver in receivers]):
+        assert split["checkpoint_engine/recv_s"] >= split["checkpoint_engine/recv_wire_wait_s"] > 0
+        assert split["checkpoint_engine/recv_load_s"] > 0
+    for key in ("produce_s", "wire_wait_s", "pack_s", "group_s", "allocate_s"):
+        assert metrics[f"checkpoint_engine/{key}"] >= 0, key
+    assert metrics["checkpoint_engine/send_s"] >= metrics["checkpoint_engine/wire_wait_s"]
+
+    # A rollout worker restarted (a new engine, holding no group): every rank builds a new group,
+    # the sender included, instead of waiting on the old one.
+    replacement = _EngineProcess(bucket_size=8 << 10, timeout_s=20)
+    try:
+        metrics, received = _sync_with_metrics(sender, [receivers[0], replacement], seed=22, version=22)
+        assert metrics["checkpoint_engine/group_reused"] == 0.0
+        for got in received:
+            _assert_received_exactly(got, seed=22, version=22)
+    finally:
+        replacement.close()
+    # Back to the old membership: the world size is the same, but the seats' group differs: rebuilt.
+    metrics, received = _sync_with_metrics(sender, receivers, seed=23, version=23)
+    assert metrics["checkpoint_engine/group_reused"] == 0.0
+    for got in received:
+        _assert_received_exactly(got, seed=23, version=23)
+
+
+def test_membership_change_rebuilds_the_group(engines):
+    sender, receivers = engines
+    _sync(sender, receivers, seed=30, version=30)
+    metrics, received = _sync_with_metrics(sender, receivers[:1], seed=31, version=31)  # one replica removed
+    assert metrics["checkpoint_engine/group_reused"] == 0.0
+    _assert_received_exactly(received[0], seed=31, version=31)
+    metrics, received = _sync_with_metrics(sender, receivers, seed=32, version=32)  # and added back
+    assert metrics["checkpoint_engine/group_reused"] == 0.0
+    for got in received:
+        _assert_received_exactly(got, seed=32, version=32)
+
+
+def test_without_keep_group_finalize_releases_every_socket_and_thread():
+    sender = _EngineProcess(bucket_size=8 << 10, is_master=True, timeout_s=20, keep_group=False)
+    receivers = [_EngineProcess(bucket_size=8 << 10, timeout_s=20, keep_group=False) for _ in range(2)]
+    workers = (sender, *receivers)
+    try:
+        _sync(sender, receivers, seed=0, version=0)  # the first sync also sets up what a process keeps
+        before = _results([worker.submit(_open_files_and_threads) for worker in workers])
+        for version in (1, 2):
+            metrics, received = _sync_with_metrics(sender, receivers, seed=version, version=version)
+            assert metrics["checkpoint_engine/group_reused"] == 0.0
+            for got in received:
+                _assert_received_exactly(got, seed=version, version=version)
+        # Buffers stay (memory, not descriptors); sockets, gloo threads and the store are gone.
+        assert _results([worker.submit(_open_files_and_threads) for worker in workers]) == before
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def test_close_releases_a_kept_group(engines):
+    sender, receivers = engines
+    workers = (sender, *receivers)
+    _results([worker.call("close") for worker in workers])
+    before = _results([worker.submit(_open_files_and_threads) for worker in workers])
+    metrics, _ = _sync_with_metrics(sender, receivers, seed=40, version=40)
+    assert metrics["checkpoint_engine/group_reused"] == 0.0
+    holding = _results([worker.submit(_open_files_and_threads) for worker in workers])
+    assert all(held[0] > free[0] for held, free in zip(holding, before, strict=True)), "kept sockets"
+    _results([worker.call("close") for worker in workers])
+    assert _results([worker.submit(_open_files_and_threads) for worker in workers]) == before
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGSTOP], ids=["died", "stalled"])

@@ -19,8 +19,17 @@ init_process_group, send_weights | receive_weights, finalize on every sync):
   ranks 1..N. The other actor ranks stay out of the group (rank -1) but still walk the weight
   generator, because producing each full tensor is an FSDP all-gather that rank 0 is also running.
 - The group is a standalone ``ProcessGroupGloo`` over a ``TCPStore`` that actor rank 0 hosts on a
-  port the OS picks in ``prepare()``. It never touches the default process group (FSDP's), and
-  ``finalize()`` drops it, so no socket, thread or port outlives a sync.
+  port the OS picks in its first ``prepare()``. It never touches the default process group (FSDP's).
+- The group is kept across syncs (engine kwarg ``keep_group``, default true): verl calls prepare,
+  init_process_group and finalize on every sync, and building a group (a full mesh of TCP
+  connections) was most of a small model's sync time on CPU. In ``init_process_group`` every rank
+  of the sync posts, on the store, which group it holds (the one it built, if its rank and the world
+  size are unchanged); only when all ranks hold the same one is it reused, else every rank drops its
+  own and they build a new one under a fresh key. So a restarted or added worker, a changed world
+  size or a sync that failed on any rank (a failing rank drops its group and, on actor rank 0, the
+  store) all lead to a fresh group, and no rank can wait for a peer that went another way.
+  ``finalize()`` keeps the group; ``close()`` (or ``keep_group=false``, for which finalize closes)
+  releases its sockets, threads and, on actor rank 0, the store's port.
 - Weights travel in buckets of at most ``update_weights_bucket_megabytes``; tensors larger than a
   bucket are split into bucket-sized chunks (verl's ``split_weight_chunks``) and reassembled.
   Double buffering on both sides: the sender packs bucket i+1 into one of two buffers while
@@ -35,6 +44,12 @@ init_process_group, send_weights | receive_weights, finalize on every sync):
   tells the rollout's server adapter which version it loaded.
 - Every collective is bounded by ``timeout_s`` (engine kwarg): a receiver that dies or stalls makes
   the sender raise ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
+- Where the time goes: ``send_weights`` returns, besides payload and ``send_s``, the sender's split
+  (``produce_s``: waiting for the weights generator, i.e. the actor's all-gathers; ``wire_wait_s``:
+  waiting for broadcasts; ``pack_s``: the rest, mostly copying into buckets) and this sync's
+  ``group_s`` / ``group_reused``. A rollout worker keeps its own split of the last sync
+  (``recv_wire_wait_s``, ``recv_load_s``: the consumer loading tensors into the model) for
+  ``receive_metrics()``, which ``recipe.one_step_off_async.sync_timing`` collects.
 
 The receiver yields ``(name, tensor)`` in the dtype and shape the actor sent, under the contract of
 verl's ``nccl`` engine (``NCCLCheckpointEngine.receive_weights``): **a yielded tensor is valid only
@@ -85,6 +100,8 @@ class StoreAddress:
 
     host: str
     port: int
+    sync: int = 0
+    """Actor rank 0's count of ``prepare()`` calls: names this sync's keys on the store."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,18 @@ class BucketHeader:
     is_last: bool
     tensors: tuple[TensorMeta, ...]
     """Layout of the payload: one entry per tensor or tensor chunk, at ``offset`` in the bucket."""
+
+
+@dataclass(frozen=True)
+class _GroupKey:
+    """Which group an engine holds: its seat in it and the sync that built it (the store key)."""
+
+    rank: int
+    world_size: int
+    sync: int
+
+    def same_seat(self, other: _GroupKey) -> bool:
+        return (self.rank, self.world_size) == (other.rank, other.world_size)
 
 
 class ReceivedWeights:
@@ -125,16 +154,20 @@ class ReceivedWeights:
 
 @CheckpointEngineRegistry.register("gloo")
 class GlooCheckpointEngine(CheckpointEngine):
-    """Broadcast actor weights to rollout workers over a per-sync gloo group on CPU.
+    """Broadcast actor weights to rollout workers over a gloo group on CPU.
 
     Args:
         bucket_size: Bytes per bucket (verl passes ``update_weights_bucket_megabytes << 20``). Actor
             rank 0 and each rollout worker keep two bucket buffers from their first sync on.
         is_master: True on actor rank 0, which hosts the group's store and sends the weights.
         timeout_s: Upper bound in seconds on joining the group and on every collective of a sync.
+        keep_group: Keep the gloo group (and store) from one sync to the next while every rank
+            still holds it; False builds a fresh one in every sync and drops it in ``finalize()``.
     """
 
-    def __init__(self, bucket_size: int, is_master: bool = False, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, bucket_size: int, is_master: bool = False, timeout_s: float = 300.0, keep_group: bool = True
+    ) -> None:
         if bucket_size <= 0:
             raise ValueError(
                 f"bucket_size must be positive, got {bucket_size} bytes: set "
@@ -148,24 +181,38 @@ class GlooCheckpointEngine(CheckpointEngine):
         self.bucket_size = bucket_size
         self.is_master = is_master
         self.timeout_s = timeout_s
+        self.keep_group = keep_group
         self._timeout = timedelta(seconds=timeout_s)
         self._syncs = 0
+        self._prepared = 0
         self._rank: int | None = None
         self._world_size = 0
         self._store: dist.TCPStore | None = None
+        self._store_address: tuple[str, int] | None = None
         self._group: dist.ProcessGroupGloo | None = None
+        self._group_key: _GroupKey | None = None
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._join: dict[str, float] = {}
+        self._received: dict[str, float] = {}
+        self._wire_wait_s = 0.0  # of the receive in progress
+        self._last_sync = 0  # the latest StoreAddress.sync joined
+        self._posted: str | None = None  # this rank's key on the store from the latest sync
 
     def prepare(self) -> StoreAddress | None:
-        """Open this sync's store on actor rank 0 and return its address; other workers return None."""
-        self._close_group()
+        """Return the store's address on actor rank 0 (opened on first use); other workers return None."""
+        if not self.keep_group:
+            self._close_group()
         if not self.is_master:
             return None
-        host = ray.util.get_node_ip_address().strip("[]")
-        # Port 0: the OS picks a free port while binding, so no other process can take it between
-        # choosing and binding.
-        self._store = dist.TCPStore(host, 0, is_master=True, timeout=self._timeout, wait_for_workers=False)
-        return StoreAddress(host=host, port=self._store.port)
+        if self._store is None:
+            host = ray.util.get_node_ip_address().strip("[]")
+            # Port 0: the OS picks a free port while binding, so no other process can take it
+            # between choosing and binding.
+            self._store = dist.TCPStore(host, 0, is_master=True, timeout=self._timeout, wait_for_workers=False)
+            self._store_address = (host, self._store.port)
+        self._prepared += 1
+        host, port = self._store_address
+        return StoreAddress(host=host, port=port, sync=self._prepared)
 
     @classmethod
     def build_topology(
@@ -192,20 +239,35 @@ class GlooCheckpointEngine(CheckpointEngine):
         return actor_kwargs, rollout_kwargs
 
     def init_process_group(self, rank: int, world_size: int, store_address: StoreAddress) -> None:
-        """Join this sync's gloo group (blocks until all ``world_size`` ranks joined, or timeout)."""
+        """Join this sync's gloo group: the one every rank still holds, or a new one (blocks until all
+        ``world_size`` ranks joined, or timeout)."""
         self._syncs += 1
         self._rank, self._world_size = rank, world_size
         if rank < 0:
             return
         if rank == SENDER_RANK and self._store is None:
             raise RuntimeError("init_process_group(rank=0) before prepare(): the sender hosts the store")
+        start = time.perf_counter()
+        allocate_s = 0.0
         try:
-            if rank != SENDER_RANK:
-                self._store = dist.TCPStore(
-                    store_address.host, store_address.port, is_master=False, timeout=self._timeout
-                )
-            # Uses GLOO_SOCKET_IFNAME when set, like torch's default gloo group.
-            self._group = dist.ProcessGroupGloo(self._store, rank, world_size, self._timeout)
+            address = (store_address.host, store_address.port)
+            # A sync number that did not grow: a new actor rank 0 (its count restarted) on the same port.
+            new_store = self._store_address != address or store_address.sync <= self._last_sync
+            if rank != SENDER_RANK and new_store:
+                self._close_group()
+                self._store = dist.TCPStore(*address, is_master=False, timeout=self._timeout)
+                self._store_address = address
+            self._last_sync = store_address.sync
+            key = _GroupKey(rank=rank, world_size=world_size, sync=store_address.sync)
+            if not self._all_hold_my_group(key):
+                self._group, self._group_key = None, None  # drop the old one before joining the next
+                prefixed = dist.PrefixStore(f"group/{key.sync}", self._store)
+                # Uses GLOO_SOCKET_IFNAME when set, like torch's default gloo group.
+                self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, self._timeout)
+                self._group_key = key
+                reused = False
+            else:
+                reused = True
         except RuntimeError as error:
             self._close_group()
             raise WeightSyncError(
@@ -215,17 +277,49 @@ class GlooCheckpointEngine(CheckpointEngine):
                 f"address (set GLOO_SOCKET_IFNAME). Cause: {error}"
             ) from error
         if self._buffers is None:
+            allocated = time.perf_counter()
             # Kept across syncs: fresh buffers are paged in again on every sync, which halved the
             # throughput of a 300 MB sync in scripts/bench_gloo_engine.py.
             self._buffers = (
                 torch.empty(self.bucket_size, dtype=torch.uint8),
                 torch.empty(self.bucket_size, dtype=torch.uint8),
             )
+            allocate_s = time.perf_counter() - allocated
+        self._join = {
+            "checkpoint_engine/group_s": time.perf_counter() - start,
+            "checkpoint_engine/group_reused": float(reused),
+            "checkpoint_engine/allocate_s": allocate_s,
+        }
+
+    def _all_hold_my_group(self, key: _GroupKey) -> bool:
+        """Post which group this rank holds for ``key``'s rank and world size, then read every rank's
+        post for this sync: True only if all hold the same group (then it is reused)."""
+        mine = self._group_key
+        held = mine.sync if self._group is not None and mine is not None and mine.same_seat(key) else -1
+        keys = [f"sync/{key.sync}/holds/{rank}" for rank in range(key.world_size)]
+        if self._posted is not None:
+            # Every rank read it before the previous sync's init_process_group returned.
+            self._store.delete_key(self._posted)
+        self._store.set(keys[key.rank], str(held))
+        self._posted = keys[key.rank]
+        self._store.wait(keys, self._timeout)
+        return held >= 0 and all(int(value) == held for value in self._store.multi_get(keys))
 
     def finalize(self) -> None:
-        """Tear this sync's group down: its sockets, gloo threads and (on actor rank 0) the store's port."""
+        """End this sync. The group stays for the next sync unless ``keep_group`` is false; then its
+        sockets, gloo threads and (on actor rank 0) the store's port are released now."""
+        if not self.keep_group:
+            self._close_group()
+        self._rank = None
+
+    def close(self) -> None:
+        """Release the group and the store (its port, on actor rank 0) now; the next sync builds anew."""
         self._close_group()
         self._rank = None
+
+    def receive_metrics(self) -> dict[str, float]:
+        """A rollout worker's split of its last sync (``{}`` before one completed, and on actor ranks)."""
+        return dict(self._received)
 
     @torch.no_grad()
     async def send_weights(self, weights: NamedTensors, global_steps: int | None = None) -> dict[str, float]:
@@ -250,8 +344,10 @@ class GlooCheckpointEngine(CheckpointEngine):
             version=global_steps,
         )
         offset, metas = 0, []
+        produce_s, produce_start = 0.0, time.perf_counter()
         try:
             async for meta, chunk in split_weight_chunks(_contiguous(weights), self.bucket_size):
+                produce_s += time.perf_counter() - produce_start
                 start = -(-offset // ALIGNMENT) * ALIGNMENT
                 if start + meta.chunk_size > self.bucket_size:
                     await pipeline.send(offset, metas, is_last=False)
@@ -261,6 +357,8 @@ class GlooCheckpointEngine(CheckpointEngine):
                 meta.offset = start
                 metas.append(meta)
                 offset = start + meta.chunk_size
+                produce_start = time.perf_counter()
+            produce_s += time.perf_counter() - produce_start
             await pipeline.send(offset, metas, is_last=True)
             await pipeline.drain()
         except BaseException:
@@ -284,6 +382,10 @@ class GlooCheckpointEngine(CheckpointEngine):
             "checkpoint_engine/payload_mbytes": pipeline.sent_bytes / 2**20,
             "checkpoint_engine/buckets": float(pipeline.buckets),
             "checkpoint_engine/send_s": seconds,
+            "checkpoint_engine/produce_s": produce_s,
+            "checkpoint_engine/wire_wait_s": pipeline.wait_s,
+            "checkpoint_engine/pack_s": max(0.0, seconds - produce_s - pipeline.wait_s),
+            **self._join,
         }
 
     def receive_weights(self, global_steps: int | None = None) -> ReceivedWeights:
@@ -320,6 +422,7 @@ class GlooCheckpointEngine(CheckpointEngine):
         self, expected_version: int | None, stream: ReceivedWeights
     ) -> AsyncIterator[tuple[str, torch.Tensor]]:
         start = time.perf_counter()
+        self._received, self._wire_wait_s, load_s = {}, 0.0, 0.0
         arriving: dict[str, torch.Tensor] = {}
         pending: _Pending | None = None
         try:
@@ -336,7 +439,9 @@ class GlooCheckpointEngine(CheckpointEngine):
                 # Views into this buffer: it is posted again (for bucket i+2) only after the
                 # consumer asked for the item after this bucket's last tensor.
                 for name, tensor in self._unpack(header, self._buffers[slot], arriving):
+                    handed = time.perf_counter()
                     yield name, tensor
+                    load_s += time.perf_counter() - handed
                 if header.is_last:
                     break
                 header, slot = next_header, 1 - slot
@@ -347,13 +452,23 @@ class GlooCheckpointEngine(CheckpointEngine):
                 pending.works.clear()
             self._close_group()
             raise
+        seconds = time.perf_counter() - start
+        self._received = {
+            "checkpoint_engine/recv_s": seconds,
+            "checkpoint_engine/recv_wire_wait_s": self._wire_wait_s,
+            "checkpoint_engine/recv_load_s": load_s,
+            "checkpoint_engine/recv_group_s": self._join.get("checkpoint_engine/group_s", 0.0),
+        }
         logger.info(
-            "gloo weight sync #%d (version %s): rank %d received %d buckets in %.2fs",
+            "gloo weight sync #%d (version %s): rank %d received %d buckets in %.3fs (%.3fs waiting for "
+            "the wire, %.3fs in the consumer loading tensors)",
             self._syncs,
             header.version,
             self._rank,
             header.index + 1,
-            time.perf_counter() - start,
+            seconds,
+            self._wire_wait_s,
+            load_s,
         )
 
     async def _receive_header(self, index: int, expected_version: int | None, start: float) -> BucketHeader:
@@ -405,8 +520,10 @@ class GlooCheckpointEngine(CheckpointEngine):
                 yield meta.name, arriving.pop(meta.name)
 
     async def _wait_received(self, pending: _Pending, start: float) -> None:
+        waited = time.perf_counter()
         try:
             await asyncio.to_thread(pending.wait)
+            self._wire_wait_s += time.perf_counter() - waited
         except RuntimeError as error:
             raise WeightSyncError(
                 f"gloo weight sync #{self._syncs}: rollout rank {self._rank} failed receiving bucket {pending.index} "
@@ -418,7 +535,8 @@ class GlooCheckpointEngine(CheckpointEngine):
     def _close_group(self) -> None:
         # Dropping the last references closes the group's sockets and joins its threads, and closes
         # the store (on actor rank 0 that frees the port).
-        self._group, self._store = None, None
+        self._group, self._group_key, self._store, self._store_address = None, None, None, None
+        self._posted = None
 
 
 @dataclass
@@ -458,6 +576,8 @@ class _SendPipeline:
         self.start = time.perf_counter()
         self.buckets = 0
         self.sent_bytes = 0
+        self.wait_s = 0.0
+        """Seconds spent waiting for broadcasts to complete."""
         self._slot = 0
         self._in_flight: list[_Pending | None] = [None, None]
 
@@ -499,8 +619,10 @@ class _SendPipeline:
     async def _wait(self, pending: _Pending | None) -> None:
         if pending is None:
             return
+        waited = time.perf_counter()
         try:
             await asyncio.to_thread(pending.wait)
+            self.wait_s += time.perf_counter() - waited
         except RuntimeError as error:
             raise WeightSyncError(
                 f"{self._describe}: broadcasting bucket {pending.index} to {self._receivers} rollout worker(s) "

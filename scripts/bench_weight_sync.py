@@ -1,0 +1,390 @@
+"""Weight-sync time against model size: a checkpoint engine's fixed cost and its bandwidth.
+
+What: Qwen2 configs from ~0.1M to ~120M parameters (built locally on the meta device for their
+tensor names and shapes; the weights are random), synced from one sender to ``--receivers``
+receivers, each rank in its own process, driven the way verl's ``CheckpointEngineManager`` drives
+a sync: ``prepare`` on every rank, ``build_topology``, ``init_process_group`` on every rank,
+``send_weights`` | ``receive_weights`` (each receiver copies every tensor into its model before
+pulling the next, as a rollout server does), ``finalize`` on every rank. A sync's time runs from the
+first ``prepare`` to the last ``finalize``. A least-squares fit of time = fixed + bytes / bandwidth
+over all sizes prints the two numbers; the smallest size also gets its split by phase.
+
+- ``--backend gloo`` (default): the recipe's engine on CPU, ranks in spawned processes (helpers
+  from ``scripts/bench_gloo_engine.py``). ``--keep-group both`` (default) syncs every size with the
+  group rebuilt in every sync (``keep_group=False``, the engine before the group was kept) and
+  with the group kept across syncs, alternating on the same ranks (side by side), and prints the
+  ratio per size.
+- ``--backend nccl``: verl's ``NCCLCheckpointEngine`` (cupy + CUDA) on one GPU. Its rendezvous
+  goes through ``ray.util.collective``, so the ranks are local Ray actors (``num_gpus=0``: they all
+  use ``cuda:0`` of what ``CUDA_VISIBLE_DEVICES`` shows the driver) and each gets its own
+  ``NCCL_HOSTID``, without which NCCL refuses two ranks on one GPU. ``--bucket-mb`` defaults to
+  verl's 2048 (the engine allocates two buckets per rank in every ``prepare``); compare with a
+  smaller one to see what that allocation costs. ``--keep-group`` maps to the engine's
+  ``rebuild_group``; it defaults to ``on``, verl's default. ``both`` switches the engine's
+  ``rebuild_group`` between syncs on the same actors; that switching has not run on a GPU yet (a
+  rebuilt NCCL group cost ~3 s a sync on one H100, measured with one set of actors per mode).
+
+Why: a sync of the 0.4M-parameter demo model takes ~0.05 s on CPU and 0.36-0.55 s on an H100, all
+of it fixed cost; this separates the fixed part from the per-byte part and shows the phases.
+
+How (from the repository root):
+    python scripts/bench_weight_sync.py                          # gloo, 2 receivers, keep_group off vs on
+    python scripts/bench_weight_sync.py --receivers 1 --reps 3 --max-params 20e6
+    python scripts/bench_weight_sync.py --backend nccl --receivers 1          # on a GPU machine
+    python scripts/bench_weight_sync.py --backend nccl --receivers 1 --bucket-mb 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_gloo_engine, when run as a module too
+from bench_gloo_engine import Span, _gather, _span  # noqa: E402
+
+# (hidden, intermediate, layers, vocab, attention heads, kv heads): ~0.1M, 0.4M, 2M, 10M, 40M, 120M params.
+CONFIGS = (
+    (32, 64, 2, 1024, 4, 2),
+    (64, 128, 2, 2048, 4, 2),
+    (128, 384, 4, 4096, 4, 2),
+    (256, 768, 8, 8192, 8, 4),
+    (512, 1408, 8, 16384, 8, 4),
+    (768, 2048, 12, 32000, 12, 4),
+)
+
+
+def qwen2_shapes(hidden: int, intermediate: int, layers: int, vocab: int, heads: int, kv_heads: int) -> dict:
+    """Tensor names and shapes of a Qwen2ForCausalLM of this config (meta device: no memory)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+class RankWorker:
+    """One rank of the benchmark: an engine, and the weights it sends or the model it loads into."""
+
+    def __init__(self, backend: str, engine_kwargs: dict) -> None:
+        if backend == "nccl":
+            import verl.checkpoint_engine.nccl_checkpoint_engine  # noqa: F401  (registers "nccl"; needs cupy)
+
+            torch.cuda.set_device(0)
+            self.device = torch.device("cuda", 0)
+        else:
+            import recipe.one_step_off_async.cpu.gloo_checkpoint_engine  # noqa: F401  (registers "gloo")
+
+            torch.set_num_threads(1)
+            self.device = torch.device("cpu")
+        from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+        self.engine = CheckpointEngineRegistry.new(backend, **engine_kwargs)
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def invoke(self, method: str, *args):
+        return getattr(self, method)(*args)
+
+    def load(self, shapes: dict, dtype: str, sender: bool) -> int:
+        """The sender's random weights, or a receiver's model (zeros: every page touched)."""
+        make = torch.randn if sender else torch.zeros
+        self.tensors = {
+            name: make(shape, dtype=getattr(torch, dtype), device=self.device) for name, shape in shapes.items()
+        }
+        self._synchronize()
+        return sum(tensor.nbytes for tensor in self.tensors.values())
+
+    def keep_group(self, keep: bool) -> None:
+        """The engine's own switch: gloo ``keep_group``, verl's nccl ``rebuild_group`` (its inverse)."""
+        if hasattr(self.engine, "keep_group"):
+            self.engine.keep_group = keep
+            return
+        from ray.util import collective
+
+        # verl's nccl engine destroys its group in finalize only when rebuild_group is set, and
+        # with it set it initializes the group without asking whether one exists: drop a kept one.
+        if not keep and collective.is_group_initialized(self.engine.group_name):
+            collective.destroy_collective_group(self.engine.group_name)
+        self.engine.rebuild_group = not keep
+
+    def engine_call(self, method: str, kwargs: dict):
+        return getattr(self.engine, method)(**kwargs)
+
+    def topology(self, receivers: int, metadata: list):
+        return type(self.engine).build_topology(1, receivers, metadata)
+
+    def send(self, version: int) -> tuple[Span, dict]:
+        metrics: dict = {}
+
+        def run() -> None:
+            nonlocal metrics
+            metrics = asyncio.run(self.engine.send_weights(iter(self.tensors.items()), global_steps=version)) or {}
+            self._synchronize()
+
+        return _span(run), metrics
+
+    def receive(self, version: int) -> tuple[Span, int, dict]:
+        received = 0
+
+        async def consume() -> None:
+            nonlocal received
+            async for name, tensor in self.engine.receive_weights(global_steps=version):
+                self.tensors[name].copy_(tensor)  # before the next: the engine reuses the tensor's memory
+                received += tensor.nbytes
+            self._synchronize()
+
+        span = _span(lambda: asyncio.run(consume()))
+        metrics = self.engine.receive_metrics() if hasattr(self.engine, "receive_metrics") else {}
+        return span, received, metrics
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+_worker: RankWorker | None = None  # the one worker of a spawned gloo rank process
+
+
+def _start_worker(backend: str, engine_kwargs: dict) -> None:
+    global _worker
+    _worker = RankWorker(backend, engine_kwargs)
+
+
+def _invoke(method: str, *args):
+    return _worker.invoke(method, *args)
+
+
+class ProcessRanks:
+    """gloo: each rank a spawned process (``ProcessPoolExecutor`` of one)."""
+
+    def __init__(self, engine_kwargs: list[dict]) -> None:
+        self._ranks = [
+            ProcessPoolExecutor(
+                max_workers=1, mp_context=get_context("spawn"), initializer=_start_worker, initargs=("gloo", kwargs)
+            )
+            for kwargs in engine_kwargs
+        ]
+
+    def submit(self, rank: int, method: str, *args) -> Future:
+        return self._ranks[rank].submit(_invoke, method, *args)
+
+    def get(self, futures: list) -> list:
+        return _gather(futures)
+
+    def close(self) -> None:
+        for executor in self._ranks:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+class RayRanks:
+    """nccl: each rank a local Ray actor with no Ray GPU (all share ``cuda:0``) and its own NCCL_HOSTID."""
+
+    def __init__(self, engine_kwargs: list[dict]) -> None:
+        import ray
+
+        self._ray = ray
+        env = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}  # leave CUDA_VISIBLE_DEVICES as the driver has it
+        if "CUDA_VISIBLE_DEVICES" in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        ray.init(num_cpus=len(engine_kwargs) + 1, num_gpus=0, include_dashboard=False, runtime_env={"env_vars": env})
+        actor = ray.remote(num_gpus=0, num_cpus=1)(RankWorker)
+        self._ranks = [
+            actor.options(runtime_env={"env_vars": {"NCCL_HOSTID": f"bench-weight-sync-rank{rank}"}}).remote(
+                "nccl", kwargs
+            )
+            for rank, kwargs in enumerate(engine_kwargs)
+        ]
+
+    def submit(self, rank: int, method: str, *args):
+        return self._ranks[rank].invoke.remote(method, *args)
+
+    def get(self, futures: list) -> list:
+        return self._ray.get(futures, timeout=600)
+
+    def close(self) -> None:
+        self._ray.shutdown()
+
+
+@dataclass
+class Sync:
+    """Driver-side seconds of one sync's phases, and the engine's own metrics."""
+
+    prepare: float
+    init: float
+    transfer: float
+    finalize: float
+    sender: dict
+    receiver: dict
+
+    @property
+    def total(self) -> float:
+        return self.prepare + self.init + self.transfer + self.finalize
+
+
+def run_sync(ranks, receivers: int, nbytes: int, version: int) -> Sync:
+    everyone = range(1 + receivers)
+    t0 = time.monotonic()
+    metadata = ranks.get([ranks.submit(rank, "engine_call", "prepare", {}) for rank in everyone])
+    t1 = time.monotonic()
+    actor_kwargs, rollout_kwargs = ranks.get([ranks.submit(0, "topology", receivers, metadata)])[0]
+    init_kwargs = [{key: values[0] for key, values in actor_kwargs.items()}] + [
+        {key: values[i] for key, values in rollout_kwargs.items()} for i in range(receivers)
+    ]
+    ranks.get([ranks.submit(rank, "engine_call", "init_process_group", init_kwargs[rank]) for rank in everyone])
+    t2 = time.monotonic()
+    futures = [ranks.submit(0, "send", version)] + [ranks.submit(rank, "receive", version) for rank in everyone[1:]]
+    (_, sender), *received = ranks.get(futures)
+    t3 = time.monotonic()
+    ranks.get([ranks.submit(rank, "engine_call", "finalize", {}) for rank in everyone])
+    t4 = time.monotonic()
+    if any(got != nbytes for _, got, _ in received):
+        raise RuntimeError(f"a receiver got {[got for _, got, _ in received]} bytes of {nbytes}")
+    slowest = {key: max(metrics[key] for _, _, metrics in received) for key in received[0][2]}
+    return Sync(t1 - t0, t2 - t1, t3 - t2, t4 - t3, sender, slowest)
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares of seconds = fixed + bytes / bandwidth, each point weighted by 1 / seconds^2
+    (relative errors: on a busy machine the noise grows with the time, and unweighted the largest
+    sizes alone would set the fixed part). Returns (fixed seconds, bytes per second)."""
+    weights = [1 / y**2 for _, y in points]
+    total = sum(weights)
+    mean_x = sum(w * x for w, (x, _) in zip(weights, points, strict=True)) / total
+    mean_y = sum(w * y for w, (_, y) in zip(weights, points, strict=True)) / total
+    covariance = sum(w * (x - mean_x) * (y - mean_y) for w, (x, y) in zip(weights, points, strict=True))
+    slope = covariance / sum(w * (x - mean_x) ** 2 for w, (x, _) in zip(weights, points, strict=True))
+    return mean_y - slope * mean_x, (1 / slope if slope > 0 else float("inf"))
+
+
+def bench(args, modes: tuple[bool, ...], shapes: list[dict]) -> dict[bool, list[list[Sync]]]:
+    """Every size, each repetition running every mode (keep the group or not) in turn on the same
+    ranks, so that the modes are compared side by side. Each timed sync follows an untimed one in
+    the same mode (the first sync after switching to a kept group builds it). Returns, per mode,
+    the timed syncs of each size."""
+    receivers = args.receivers
+    everyone = range(1 + receivers)
+    kwargs = {"bucket_size": args.bucket_mb << 20}
+    if args.backend == "gloo":
+        ranks = ProcessRanks([{**kwargs, "timeout_s": 300, "is_master": rank == 0} for rank in everyone])
+    else:
+        ranks = RayRanks([{**kwargs, "is_master": rank == 0} for rank in everyone])
+    results: dict[bool, list[list[Sync]]] = {keep: [] for keep in modes}
+    version = 0
+    try:
+        for shape in shapes:
+            nbytes = ranks.get([ranks.submit(rank, "load", shape, args.dtype, rank == 0) for rank in everyone])[0]
+            for keep in modes:
+                results[keep].append([])
+            for _ in range(args.reps):
+                for keep in modes:
+                    ranks.get([ranks.submit(rank, "keep_group", keep) for rank in everyone])
+                    for timed in (False, True):
+                        version += 1
+                        sync = run_sync(ranks, receivers, nbytes, version)
+                        if timed:
+                            results[keep][-1].append(sync)
+            params = sum(torch.Size(s).numel() for s in shape.values())
+            line = f"  {params / 1e6:7.2f}M params {nbytes / 1e6:7.1f} MB:"
+            for keep in modes:
+                syncs = results[keep][-1]
+                line += (
+                    f"  {MODE[keep]} {statistics.median(s.total for s in syncs) * 1e3:7.1f} ms"
+                    f" (transfer {statistics.median(s.transfer for s in syncs) * 1e3:6.1f})"
+                )
+            if len(modes) == 2:
+                ratios = [off.total / on.total for off, on in zip(results[False][-1], results[True][-1], strict=True)]
+                line += f"  rebuilt/kept {statistics.median(ratios):.2f}"
+            print(line, flush=True)
+    finally:
+        ranks.close()
+    return results
+
+
+MODE = {False: "rebuilt", True: "kept"}
+
+
+def print_phases(label: str, syncs: list[Sync]) -> None:
+    def ms(values) -> str:
+        return f"{statistics.median(values) * 1e3:7.2f} ms"
+
+    print(f"  {label}: median of {len(syncs)} syncs")
+    for phase in ("prepare", "init", "transfer", "finalize", "total"):
+        print(f"    {phase:<28} {ms([getattr(sync, phase) for sync in syncs])}")
+    for side, key in (("sender", "sender"), ("receiver", "receiver")):
+        for metric in sorted(getattr(syncs[0], key)):
+            if metric.endswith("_s"):
+                label = f"{side} {metric.removeprefix('checkpoint_engine/')}"
+                print(f"    {label:<28} {ms([getattr(sync, key)[metric] for sync in syncs])}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--receivers", type=int, default=2)
+    parser.add_argument(
+        "--bucket-mb", type=int, default=None, help="default: 16 for gloo (the CPU profile), 2048 for nccl (verl's)"
+    )
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--reps", type=int, default=5, help="timed syncs per size, after one warm-up sync")
+    parser.add_argument("--max-params", type=float, default=200e6, help="skip configs larger than this")
+    parser.add_argument(
+        "--keep-group",
+        choices=("both", "on", "off"),
+        default=None,
+        help="keep the engine's group across syncs (gloo keep_group, nccl not rebuild_group), or compare both "
+        "(default: both for gloo; on for nccl, verl's default)",
+    )
+    args = parser.parse_args()
+    if args.bucket_mb is None:
+        args.bucket_mb = 16 if args.backend == "gloo" else 2048
+    if args.keep_group is None:
+        args.keep_group = "both" if args.backend == "gloo" else "on"
+
+    shapes = [qwen2_shapes(*config) for config in CONFIGS]
+    sizes = [sum(torch.Size(s).numel() for s in shape.values()) for shape in shapes]
+    chosen = [i for i, params in enumerate(sizes) if params <= args.max_params]
+    shapes = [shapes[i] for i in chosen]
+    print(
+        f"{args.backend}: 1 sender -> {args.receivers} receiver(s), {args.dtype}, bucket {args.bucket_mb} MiB, "
+        f"{args.reps} timed syncs per size and mode, each after an untimed one; {os.cpu_count()} CPU cores, load average "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.keep_group]
+    itemsize = getattr(torch, args.dtype).itemsize
+    nbytes_per_size = [sum(torch.Size(s).numel() for s in shape.values()) * itemsize for shape in shapes]
+    print("sync time per size, median (rebuilt: a new group every sync; kept: the group kept across syncs):")
+    results = bench(args, modes, shapes)
+    print("fit: sync time = fixed + bytes / bandwidth")
+    for keep in modes:
+        points = [
+            (nbytes, statistics.median(s.total for s in syncs))
+            for nbytes, syncs in zip(nbytes_per_size, results[keep], strict=True)
+        ]
+        fixed, bandwidth = fit(points)
+        print(f"  group {MODE[keep]:<8} fixed {fixed * 1e3:7.1f} ms   bandwidth {bandwidth / 1e9:6.2f} GB/s")
+    print(f"phases at the smallest size ({sizes[chosen[0]] / 1e6:.2f}M params), driver-side and engine-reported:")
+    for keep in modes:
+        print_phases(f"group {MODE[keep]}", results[keep][0])
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
