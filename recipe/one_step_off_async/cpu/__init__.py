@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from recipe.one_step_off_async import external_modules
 from recipe.one_step_off_async.cpu import verl_patches
 from recipe.one_step_off_async.cpu.cpu_platform import PLATFORM_NAME, PlatformCPU
 
@@ -28,12 +29,9 @@ def is_active() -> bool:
 
 def cpu_env_vars() -> dict[str, str]:
     """Environment every process of a CPU run needs (the driver's and each Ray worker's)."""
-    external = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
-    if PLUGIN_MODULE not in external:
-        external.insert(0, PLUGIN_MODULE)
     return {
         "VERL_PLATFORM": PLATFORM_NAME,
-        "VERL_USE_EXTERNAL_MODULES": ",".join(external),
+        external_modules.ENV: external_modules.listing_with(PLUGIN_MODULE, first=True),
         # verl registers its FSDP engines for devices cuda/npu only; this verl-provided override
         # (verl/workers/engine/base.py, EngineRegistry.get_engine_cls) selects them on CPU.
         "VERL_ENGINE_DEVICE": "cuda",
