@@ -3,8 +3,8 @@
 Two kinds of faults:
 
 - **In-process**, through verl's own extension points: a custom agent loop
-  (``rollout.agent.agent_loop_config_path``) that raises on its N-th call, and custom reward
-  functions (``reward.custom_reward_function``) that raise or return NaN.
+  (``rollout.agent.agent_loop_config_path``) that raises or never returns on its N-th call, and
+  custom reward functions (``reward.custom_reward_function``) that raise or return NaN.
 - **From outside**, on a run started with ``start_main``: every process of the run (the driver,
   Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
   by its Ray process title (``ray::HFRolloutServer``, ``ray::WorkerDict``...), kill or stop it at a
@@ -14,6 +14,7 @@ Two kinds of faults:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -29,9 +30,11 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 
 TESTS_DIR = Path(__file__).resolve().parent
 FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
+HANG_AT_CALL_ENV = "FAULTS_AGENT_LOOP_HANG_AT_CALL"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
+AGENT_LOOP_WORKER = "ray::AgentLoopWorker"
 ACTOR_WORKER = "ray::WorkerDict"
 
 
@@ -43,26 +46,31 @@ class InjectedFault(RuntimeError):
 
 
 class FailingAgentLoop(SingleTurnAgentLoop):
-    """The single-turn agent loop, except that its N-th call in a worker process raises."""
+    """The single-turn agent loop, except that its N-th call in a worker process raises or never returns."""
 
     calls = 0
 
     async def run(self, sampling_params, **kwargs):
         FailingAgentLoop.calls += 1
-        if FailingAgentLoop.calls == int(os.environ[FAIL_AT_CALL_ENV]):
+        if FailingAgentLoop.calls == int(os.environ.get(FAIL_AT_CALL_ENV, 0)):
             raise InjectedFault(f"generation failed on agent-loop call {FailingAgentLoop.calls}")
+        if FailingAgentLoop.calls == int(os.environ.get(HANG_AT_CALL_ENV, 0)):
+            await asyncio.Event().wait()  # a rollout that never answers
         return await super().run(sampling_params, **kwargs)
 
 
-def failing_generation(directory: Path, fail_at_call: int) -> tuple[list[str], dict[str, str]]:
-    """Overrides and env for a run whose generation raises on agent-loop call ``fail_at_call``."""
+def failing_generation(
+    directory: Path, fail_at_call: int = 0, hang_at_call: int = 0
+) -> tuple[list[str], dict[str, str]]:
+    """Overrides and env for a run whose generation raises (or hangs) on agent-loop call N."""
     config = directory / "failing_agent_loop.yaml"
     config.write_text(f"- name: failing_agent\n  _target_: {__name__}.FailingAgentLoop\n")
     overrides = [
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
     ]
-    return overrides, {FAIL_AT_CALL_ENV: str(fail_at_call), **_tests_on_python_path()}
+    env = {FAIL_AT_CALL_ENV: str(fail_at_call), HANG_AT_CALL_ENV: str(hang_at_call)}
+    return overrides, {**env, **_tests_on_python_path()}
 
 
 def reward_function(directory: Path, body: str) -> list[str]:

@@ -67,9 +67,16 @@ class StubRollout:
     """Stands in for AgentLoopManager: returns padded sequences tagged with its weight version."""
 
     def __init__(
-        self, log: EventLog, seconds: float = 0.05, fail_at_step: int | None = None, nan_at_step: int | None = None
+        self,
+        log: EventLog,
+        seconds: float = 0.05,
+        fail_at_step: int | None = None,
+        nan_at_step: int | None = None,
+        hang_validation: bool = False,
+        log_probs: bool = True,
     ) -> None:
         self.log, self.seconds, self.fail_at_step, self.nan_at_step = log, seconds, fail_at_step, nan_at_step
+        self.hang_validation, self.log_probs = hang_validation, log_probs
         self.version = -1
         self.running = False
 
@@ -77,6 +84,8 @@ class StubRollout:
         step = gen_batch.meta_info["global_steps"]
         if gen_batch.meta_info.get("validate"):
             self.log.add("validate", step, self.version, self.running)
+            if self.hang_validation:
+                threading.Event().wait()  # a replica that never answers
             return self._output(len(gen_batch))
         self.running = True
         self.log.add("gen_start", step, self.version)
@@ -98,15 +107,16 @@ class StubRollout:
         if nan_reward:
             rm_scores[1, -1] = float("nan")
         versions = np.array([self.version] * size, dtype=object)
+        log_probs = {"rollout_log_probs": -torch.rand(size, RESPONSE_LEN)} if self.log_probs else {}
         return DataProto.from_dict(
             tensors={
+                **log_probs,
                 "prompts": prompts,
                 "responses": responses,
                 "response_mask": torch.ones(size, RESPONSE_LEN, dtype=torch.long),
                 "input_ids": torch.cat([prompts, responses], dim=1),
                 "attention_mask": attention_mask,
                 "position_ids": torch.arange(PROMPT_LEN + RESPONSE_LEN).expand(size, -1).clone(),
-                "rollout_log_probs": -torch.rand(size, RESPONSE_LEN),
                 "rm_scores": rm_scores,
             },
             non_tensors={"min_global_steps": versions, "max_global_steps": versions.copy()},
@@ -117,11 +127,15 @@ class StubRollout:
 class StubWeightSync:
     """Stands in for verl's CheckpointEngineManager: sets the stub rollout's weight version."""
 
-    def __init__(self, log: EventLog, rollout: StubRollout, skip_version: int | None = None) -> None:
-        self.log, self.rollout, self.skip_version = log, rollout, skip_version
+    def __init__(
+        self, log: EventLog, rollout: StubRollout, skip_version: int | None = None, hang_version: int | None = None
+    ) -> None:
+        self.log, self.rollout, self.skip_version, self.hang_version = log, rollout, skip_version, hang_version
 
     def update_weights(self, global_steps: int) -> dict:
         self.log.add("sync", global_steps, self.rollout.running)
+        if global_steps == self.hang_version:
+            threading.Event().wait()  # a receiver that never answers
         if global_steps != self.skip_version:
             self.rollout.version = global_steps
         return {}
@@ -202,4 +216,5 @@ def build_trainer(config, log: EventLog, rollout: StubRollout, sync: StubWeightS
     trainer.async_rollout_manager = rollout
     trainer.checkpoint_manager = sync
     trainer.actor_rollout_wg = object()
+    trainer._bound_manager_calls()  # what init_workers does to the real managers
     return trainer

@@ -20,7 +20,8 @@ from recipe.one_step_off_async.async_config import (
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-PRIMARY = [name for name in SHIPPED if name != "one_step_off_base"]
+PARTS = ("one_step_off_base", "one_step_off_gpu")  # `# @package _global_` pieces of the profiles
+PRIMARY = [name for name in SHIPPED if name not in PARTS]
 
 
 def compose_config(name: str, *overrides: str):
@@ -28,15 +29,50 @@ def compose_config(name: str, *overrides: str):
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_the_recipe_ships_a_gpu_and_a_cpu_config():
-    assert SHIPPED == ["one_step_off_base", "one_step_off_ppo_cpu", "one_step_off_ppo_trainer"]
+def test_the_recipe_ships_a_gpu_a_one_gpu_and_a_cpu_config():
+    assert PRIMARY == ["one_step_off_ppo_1gpu", "one_step_off_ppo_cpu", "one_step_off_ppo_trainer"]
 
 
 @pytest.mark.parametrize("name", PRIMARY)
 def test_shipped_config_composes_and_validates(name):
     config = compose_config(name)
-    assert validate_config(config) == AsyncTrainingConfig(staleness=1, generation_timeout_s=3600, sync_timeout_s=600)
+    assert validate_config(config) == AsyncTrainingConfig(
+        staleness=1,
+        sync_interval=1,
+        one_gpu=name == "one_step_off_ppo_1gpu",
+        generation_timeout_s=3600,
+        sync_timeout_s=600,
+    )
     assert config.actor_rollout_ref.hybrid_engine is False
+
+
+def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
+    """`python -m recipe.one_step_off_async.main_ppo actor_rollout_ref.model.path=...`: not verl's colocated defaults."""
+    config = compose_config("one_step_off_ppo_trainer", "actor_rollout_ref.model.path=/models/any")
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert (actor.strategy, config.actor_rollout_ref.ref.strategy, config.critic.strategy) == ("fsdp2",) * 3
+    assert (rollout.name, rollout.mode, rollout.checkpoint_engine.backend) == ("vllm", "async", "nccl")
+    assert (rollout.tensor_model_parallel_size, rollout.data_parallel_size, rollout.pipeline_model_parallel_size) == (
+        1,
+        1,
+        1,
+    )  # one replica per rollout GPU
+    assert (rollout.nnodes, rollout.n_gpus_per_node, config.trainer.nnodes, config.trainer.n_gpus_per_node) == (
+        1,
+        4,
+        1,
+        4,
+    )
+    assert rollout.gpu_memory_utilization == 0.85  # a dedicated rollout GPU, not verl's colocated 0.5
+    assert (config.trainer.device, config.actor_rollout_ref.hybrid_engine, rollout.free_cache_engine) == (
+        "cuda",
+        False,
+        False,
+    )
+    assert config.async_training.staleness == 1 and rollout.calculate_log_probs
+    # Runs on `pip install -e ".[gpu]"` alone: no flash-attn (run_qwen2_5_3b.sh selects it).
+    model = config.actor_rollout_ref.model
+    assert (model.override_config.attn_implementation, model.use_remove_padding) == ("sdpa", False)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +85,9 @@ def test_shipped_config_composes_and_validates(name):
         (["async_training.staleness=-1"], r"async_training.staleness=-1 must be an integer >= 0"),
         (["async_training.staleness=0.5"], r"async_training.staleness=0.5 must be an integer"),
         (["async_training.sync_timeout_s=0"], r"async_training.sync_timeout_s=0 must be a positive"),
+        (["async_training.sync_interval=0"], r"async_training.sync_interval=0 must be an integer >= 1"),
+        (["async_training.one_gpu=true"], r"async_training.one_gpu=true .* needs trainer.device=cuda"),
+        (["reward.reward_model.enable=true"], r"reward.reward_model.enable=true: a model-based reward needs"),
         (["+async_training.stalenes=2"], r"Unknown key\(s\) async_training.stalenes"),
         (["actor_rollout_ref.rollout.nnodes=0"], r"actor_rollout_ref.rollout.nnodes=0 leaves the rollout pool empty"),
         (["actor_rollout_ref.rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0 leaves the rollout pool empty"),
@@ -56,6 +95,10 @@ def test_shipped_config_composes_and_validates(name):
         (
             ["trainer.n_gpus_per_node=3"],
             r"train_batch_size x rollout.n = 16 x 4 = 64 samples per step do not divide across the 3 actor ranks",
+        ),
+        (
+            ["actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+            r"each actor rank 16 samples .*ppo_micro_batch_size_per_gpu=64 does not divide",
         ),
         (
             ["actor_rollout_ref.actor.ppo_mini_batch_size=5"],

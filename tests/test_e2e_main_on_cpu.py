@@ -1,4 +1,9 @@
-"""End-to-end runs of ``python -m recipe.one_step_off_async.main_ppo`` on CPU with the tiny task."""
+"""End-to-end runs of ``python -m recipe.one_step_off_async.main_ppo`` on CPU with the tiny task.
+
+Each run checks several things at once (a run costs ~40 s of start-up on 2 cores): the staleness
+runs also cover ``sync_interval`` and the ``checkpoint`` weight-sync backend; the resume test resumes
+from a checkpoint in the middle of a sync interval.
+"""
 
 from __future__ import annotations
 
@@ -21,17 +26,36 @@ REQUIRED_METRICS = (
     "async/overlap_efficiency",
     "critic/score/mean",
     "actor/pg_loss",
+    "rollout_corr/rollout_is_mean",  # the off-policy correction ran (verl skips it silently otherwise)
+    "perf/throughput",
+)
+CHECKPOINT_ENGINE = (
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.one_step_off_async.file_checkpoint_engine",
 )
 
 
-@pytest.mark.parametrize("staleness", [0, 1, 2])
-def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, staleness):
+def contract_version(step: int, staleness: int, interval: int, start: int = 0) -> int:
+    """The documented contract with no validation in between: floor((k-1-s)/N)*N, at least the start."""
+    return max(start, (step - 1 - staleness) // interval * interval)
+
+
+@pytest.mark.parametrize(
+    ("staleness", "interval", "through_files"),
+    [(0, 3, True), (1, 1, False), (2, 2, False)],
+    ids=["s0-every3-checkpoint-engine", "s1", "s2-every2"],
+)
+def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, staleness, interval, through_files):
+    weights = tmp_path / "weights"
+    extra = (*CHECKPOINT_ENGINE, f"+{CHECKPOINT_ENGINE[0].split('.backend')[0]}.engine_kwargs.checkpoint.dir={weights}")
     run = run_main(
         tmp_path,
         f"async_training.staleness={staleness}",
+        f"async_training.sync_interval={interval}",
         f"trainer.total_training_steps={STEPS}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
+        *(extra if through_files else ()),
     )
     assert run.returncode == 0, run.output[-5000:]
     metrics = run.metrics
@@ -39,12 +63,27 @@ def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, stale
     for step, values in metrics.items():
         missing = [key for key in REQUIRED_METRICS if key not in values]
         assert not missing, f"step {step} lacks {missing}"
-        assert values["async/staleness"] == min(staleness, step - 1)
-    assert metrics[STEPS]["async/staleness"] == staleness
+        version = contract_version(step, staleness, interval)
+        assert values["async/weight_version"] == version, f"step {step}"
+        assert values["async/staleness"] == step - 1 - version
+        assert values["async/synced"] == float(step % interval == 0)
+        if step % interval:
+            assert values["timing_s/sync_weights"] == 0.0
+        elif through_files:
+            assert values["checkpoint_engine/files"] >= 1  # the version went through the folder
+    if through_files:  # v0 at start-up, v3: the rollout loaded each; nothing older than the last loaded is kept
+        assert sorted(p.name for p in weights.glob("v*")) == ["v0", "v3"]
+        assert list((weights / "v3").glob("loaded-*"))
 
 
-def test_resume_continues_with_the_next_batch(tmp_path, demo_assets):
-    common = ("async_training.staleness=1", "trainer.val_before_train=false", "trainer.test_freq=-1")
+def test_resume_in_the_middle_of_a_sync_interval_continues_with_the_next_batch(tmp_path, demo_assets):
+    # Syncs after steps 2 and 4; the checkpoint at step 3 falls in the middle of an interval.
+    common = (
+        "async_training.staleness=1",
+        "async_training.sync_interval=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+    )
     full = run_main(tmp_path / "full", *common, "trainer.total_training_steps=5")
     assert full.returncode == 0, full.output[-5000:]
 
@@ -65,8 +104,13 @@ def test_resume_continues_with_the_next_batch(tmp_path, demo_assets):
     assert sorted(resumed.metrics) == [4, 5]
     for step in (1, 2, 3):
         assert Counter(first.prompts(step)) == Counter(full.prompts(step))
+        assert first.metrics[step]["async/weight_version"] == full.metrics[step]["async/weight_version"]
     for step in (4, 5):
         assert Counter(resumed.prompts(step)) == Counter(full.prompts(step))
+        # Syncs at the uninterrupted run's steps; versions from v3, the checkpoint's weights, on.
+        assert resumed.metrics[step]["async/synced"] == full.metrics[step]["async/synced"] == float(step == 4)
+        assert resumed.metrics[step]["async/weight_version"] == contract_version(step, 1, 2, start=3) == 3
+    assert [full.metrics[step]["async/weight_version"] for step in range(1, 6)] == [0, 0, 0, 2, 2]
 
 
 def test_generation_error_fails_the_run_with_the_original_exception(tmp_path, demo_assets):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 
-from recipe.one_step_off_async.ray_trainer import RewardError, WeightSyncError
+from recipe.one_step_off_async.deadlines import PipelineTimeoutError
+from recipe.one_step_off_async.ray_trainer import OffPolicyCorrectionError, RewardError, WeightSyncError
 
 TOTAL_STEPS = 6
 
@@ -122,3 +123,68 @@ def test_validation_at_step_k_uses_weights_v_k_on_an_idle_rollout_pool(staleness
         if step + 1 + staleness <= TOTAL_STEPS:
             assert validation < log.index("launch", step + 1 + staleness)
     assert [m["async/staleness"] for m in trainer.logged_metrics] == [min(staleness, s - 1) for s in range(1, 7)]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("interval", [2, 3])
+def test_sync_interval_pushes_weights_every_n_steps_and_versions_follow_the_contract(staleness, interval):
+    steps = 7
+    trainer, log = run(staleness, steps, f"async_training.sync_interval={interval}")
+
+    synced_steps = [k for k in range(1, steps + 1) if k % interval == 0]
+    assert [s[1] for s in log.of("sync")] == [0, *synced_steps]
+    assert not any(running for _, _, running in log.of("sync"))
+    # The contract: batch k carries the last version synced at or before step k-1-s.
+    expected = {k: max(0, (k - 1 - staleness) // interval * interval) for k in range(1, steps + 1)}
+    assert {step: version for _, step, version in log.of("gen_start")} == expected
+    for step, metrics in enumerate(trainer.logged_metrics, start=1):
+        assert metrics["async/weight_version"] == expected[step]
+        assert metrics["async/staleness"] == step - 1 - expected[step]  # measured, grows within an interval
+        assert metrics["async/synced"] == float(step in synced_steps)
+        if step not in synced_steps:
+            assert metrics["timing_s/sync_weights"] == 0.0
+
+
+def test_validation_steps_sync_even_between_intervals():
+    trainer, log = run(1, 6, "async_training.sync_interval=4", "trainer.test_freq=3")
+
+    assert [s[1] for s in log.of("sync")] == [0, 3, 4, 6]
+    assert [(step, version) for _, step, version, _ in log.of("validate")] == [(3, 3), (6, 6)]
+    assert [m["async/weight_version"] for m in trainer.logged_metrics] == [0, 0, 0, 0, 3, 4]  # last sync <= k-2
+
+
+def test_validation_that_never_returns_fails_within_the_generation_timeout():
+    log = EventLog()
+    rollout = StubRollout(log, hang_validation=True)
+    config = compose_config(
+        "trainer.total_training_steps=2", "trainer.val_before_train=true", "async_training.generation_timeout_s=0.3"
+    )
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
+    with pytest.raises(PipelineTimeoutError, match=r"validation step 0 did not finish within 0.3 s"):
+        trainer.fit()
+
+
+def test_a_first_weight_sync_that_never_returns_fails_within_the_sync_timeout():
+    log = EventLog()
+    rollout = StubRollout(log)
+    config = compose_config("trainer.total_training_steps=2", "async_training.sync_timeout_s=0.3")
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout, hang_version=0))
+    with pytest.raises(
+        PipelineTimeoutError, match=r"Syncing weights v0 .* within 0.3 s \(async_training.sync_timeout_s\)"
+    ):
+        trainer.fit()
+    assert log.of("update") == []
+
+
+def test_missing_rollout_log_probs_fail_the_step_instead_of_skipping_the_correction():
+    with pytest.raises(OffPolicyCorrectionError, match="no rollout_log_probs for the batch of step 1"):
+        run(staleness=1, log_probs=False)
+
+
+def test_throughput_counts_the_devices_of_both_pools():
+    trainer, _ = run(1, 2)
+    metrics = trainer.logged_metrics[-1]
+    devices = 2 + 4  # trainer.n_gpus_per_node=2 (stub config) + the GPU profile's 4 rollout GPUs
+    assert metrics["perf/throughput"] == pytest.approx(
+        metrics["perf/total_num_tokens"] / (metrics["perf/time_per_step"] * devices)
+    )

@@ -15,7 +15,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 from e2e import run_main
-from faults import ACTOR_WORKER, ROLLOUT_SERVER, reward_function, start_main
+from faults import ACTOR_WORKER, AGENT_LOOP_WORKER, ROLLOUT_SERVER, failing_generation, reward_function, start_main
 
 from recipe.one_step_off_async.checkpoint_check import verify_checkpoint
 
@@ -83,6 +83,38 @@ def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
     assert "HFRolloutServer" in output
     assert "_fit_update_weights" in output  # the failure surfaced in the weight sync
     assert frozen_step not in run.logged_steps()  # the step whose sync failed is not reported as done
+
+
+def test_validation_that_never_returns_fails_within_the_generation_timeout(tmp_path):
+    # verl's _validate generates on the driver thread; the trainer bounds it like every other wait.
+    overrides, env = failing_generation(tmp_path, hang_at_call=1)  # the first call is validation (step 0)
+    run = start_main(
+        tmp_path,
+        *BOUNDED,
+        *overrides,
+        "async_training.generation_timeout_s=15",
+        "trainer.val_before_train=true",
+        "trainer.total_training_steps=3",
+        env=env,
+    )
+    _, seconds, output = run.wait(timeout_s=FAIL_WITHIN_S + 120)
+    assert_failed_cleanly(run, output, seconds)
+    assert "Generation of the batch for validation step 0 did not finish within 15 s" in output
+    assert run.logged_steps() == []
+
+
+def test_rollout_frozen_before_the_first_weight_sync_fails_within_the_sync_timeout(tmp_path):
+    # verl's fit() syncs v0 before its loop; freeze the rollout server once it is up, before that sync.
+    run = start_main(tmp_path, *BOUNDED, "async_training.sync_timeout_s=15", "trainer.total_training_steps=3")
+    deadline = time.monotonic() + 300
+    while not run.processes(AGENT_LOOP_WORKER):  # started after the rollout servers, before the first sync
+        assert run.process.poll() is None and time.monotonic() < deadline, "the run never started its agent loop"
+        time.sleep(0.05)
+    run.signal_worker(ROLLOUT_SERVER, signal.SIGSTOP)
+    _, seconds, output = run.wait(timeout_s=FAIL_WITHIN_S + 180)
+    assert_failed_cleanly(run, output, seconds)
+    assert "Syncing weights v0 from the actor to the rollout replicas did not finish within 15 s" in output
+    assert run.logged_steps() == []
 
 
 def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, demo_assets):

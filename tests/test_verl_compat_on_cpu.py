@@ -6,10 +6,13 @@ so an upgrade cannot leave a patch silently wrong or unnecessary.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +125,41 @@ def _clean_env() -> dict[str, str]:
 
     drop = {"VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE"}
     return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+# --- the GPU path's contracts (vLLM is not installed on CPU: read verl's source) ----------------------
+
+
+def _methods(path: str, cls: str) -> dict[str, ast.AST]:
+    tree = ast.parse((Path(verl.__file__).parent / path).read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return {f.name: f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def test_vllm_server_stamps_every_output_with_its_weight_version():
+    """The trainer checks the staleness contract against TokenOutput.extra_fields["global_steps"]."""
+    server = _methods("workers/rollout/vllm_rollout/vllm_async_server.py", "vLLMHttpServer")
+    stamps = [
+        ast.unparse(node)
+        for node in ast.walk(server["generate"])
+        if isinstance(node, ast.Dict)
+        and any(isinstance(k, ast.Constant) and k.value == "global_steps" for k in node.keys)
+    ]
+    assert stamps == ["{'global_steps': self.global_steps}"]
+    assert "self.global_steps = global_steps" in ast.unparse(server["set_global_steps"])
+
+
+def test_vllm_rollout_sets_the_weight_version_on_every_sync():
+    adapter = _methods("workers/rollout/vllm_rollout/vllm_rollout.py", "ServerAdapter")
+    assert "await self.server_handle.set_global_steps.remote(global_steps)" in ast.unparse(adapter["update_weights"])
+
+
+def test_fit_and_validate_wait_only_through_the_calls_the_trainer_bounds():
+    """OneStepOffRayTrainer bounds checkpoint_manager.update_weights and async_rollout_manager.generate_sequences."""
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    fit = inspect.getsource(SeparateRayPPOTrainer.fit)
+    assert "self.checkpoint_manager.update_weights(self.global_steps)" in fit
+    validate = inspect.getsource(RayPPOTrainer._validate)
+    assert set(re.findall(r"self\.async_rollout_manager\.(\w+)", validate)) == {"generate_sequences"}

@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 # Which checkpoint engines can feed which rollout backends (actor -> rollout weight transfer).
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
 # gloo: this recipe's CPU engine, consumed by the recipe's `hf` replica.
+# checkpoint: this recipe's file engine (file_checkpoint_engine.py): full tensors through a folder, for any of them.
 COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
-    "vllm": ("nccl", "nixl", "mooncake", "kimi"),
-    "sglang": ("nccl", "nixl", "mooncake", "kimi"),
-    "hf": ("gloo",),
+    "vllm": ("nccl", "nixl", "mooncake", "kimi", "checkpoint"),
+    "sglang": ("nccl", "nixl", "mooncake", "kimi", "checkpoint"),
+    "hf": ("gloo", "checkpoint"),
 }
 
 
@@ -39,6 +40,20 @@ class AsyncTrainingConfig:
             "generated with the weights after step k-1-staleness. 0 = synchronous baseline, 1 = one-step-off."
         },
     )
+    sync_interval: int = field(
+        default=1,
+        metadata={
+            "help": "Push the actor's weights to the rollout every N training steps (and on every validation "
+            "step); in between, the rollout keeps generating with the last version it received."
+        },
+    )
+    one_gpu: bool = field(
+        default=False,
+        metadata={
+            "help": "Both pools time-share ONE physical GPU (one_gpu.py): for trying the GPU path on a "
+            "workstation; the --config-name=one_step_off_ppo_1gpu profile sets it."
+        },
+    )
     generation_timeout_s: float = field(
         default=3600.0,
         metadata={"help": "Longest the trainer waits for one generation batch before failing the run."},
@@ -53,6 +68,11 @@ class AsyncTrainingConfig:
             raise ConfigError(
                 f"async_training.staleness={self.staleness!r} must be an integer >= 0 "
                 "(0 = synchronous, 1 = one-step-off, s = s batches in flight)."
+            )
+        if not isinstance(self.sync_interval, int) or isinstance(self.sync_interval, bool) or self.sync_interval < 1:
+            raise ConfigError(
+                f"async_training.sync_interval={self.sync_interval!r} must be an integer >= 1 "
+                "(1 = push weights after every step, N = every N steps)."
             )
         for name in ("generation_timeout_s", "sync_timeout_s"):
             if not getattr(self, name) > 0:
@@ -139,6 +159,25 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {actor.ppo_mini_batch_size * n} samples per "
         f"mini-batch do not divide across the {actor_world} actor ranks; make it a multiple of {actor_world}.",
     )
+    per_rank, micro = actor.ppo_mini_batch_size * n // actor_world, actor.get("ppo_micro_batch_size_per_gpu")
+    _require(
+        actor.use_dynamic_bsz or not micro or per_rank % micro == 0,
+        f"A mini-batch gives each actor rank {per_rank} samples (ppo_mini_batch_size x rollout.n / {actor_world} "
+        f"ranks), which actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide (verl would "
+        "fail in the first update). Make the micro-batch size a divisor of it.",
+    )
+
+    if async_config.one_gpu:
+        _require(
+            trainer.device == "cuda"
+            and (trainer.nnodes, trainer.n_gpus_per_node, rollout.nnodes, rollout.n_gpus_per_node) == (1, 1, 1, 1)
+            and rollout_world == 1,
+            "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one GPU: it needs "
+            "trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, actor_rollout_ref.rollout.nnodes="
+            "n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
+            f"{trainer.device}, {trainer.nnodes}x{trainer.n_gpus_per_node}, {rollout.nnodes}x{rollout.n_gpus_per_node}, "
+            f"replica of {rollout_world}).",
+        )
 
     backend = rollout.checkpoint_engine.backend
     compatible = COMPATIBLE_CHECKPOINT_ENGINES.get(rollout.name)
@@ -162,6 +201,12 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     )
 
     _require(
+        not config.reward.reward_model.enable,
+        "reward.reward_model.enable=true: a model-based reward needs a resource pool of its own, which this "
+        "recipe does not lay out yet (verl's pool creation would fail with a KeyError deep in start-up). Use a "
+        "rule or function reward (reward.custom_reward_function) and reward.reward_model.enable=false.",
+    )
+    _require(
         config.algorithm.adv_estimator != "remax",
         "algorithm.adv_estimator=remax needs an extra greedy generation per batch, which the pipeline does "
         "not schedule; use grpo, rloo, reinforce_plus_plus or gae.",
@@ -171,6 +216,9 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         "actor_rollout_ref.rollout.calculate_log_probs=False: the off-policy correction needs the rollout's "
         "log-probs of every sampled token. Set it to True.",
     )
+    from recipe.one_step_off_async.policy_losses import validate_policy_loss  # imports torch: only when validating
+
+    validate_policy_loss(config)
     return async_config
 
 

@@ -18,6 +18,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.one_step_off_async.async_config import check_data_files, validate_config
+from recipe.one_step_off_async.preflight import check_backends
 
 
 def _demo_asset(field: str) -> str:
@@ -36,13 +37,23 @@ def prepare_config(config: DictConfig) -> None:
     from verl.utils.config import validate_config as verl_validate_config
 
     validate_config(config)
+    from recipe.one_step_off_async import policy_losses
+
+    # Each adds itself to VERL_USE_EXTERNAL_MODULES (keeping what is listed) to run in every Ray worker.
+    env = policy_losses.enable(config)  # the recipe's losses, registered on every device
     if config.trainer.device == "cpu":
         from recipe.one_step_off_async import cpu
 
-        env = cpu.activate()
-        runtime_env = config.ray_kwargs.ray_init.runtime_env
-        with open_dict(runtime_env):
-            runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **env}
+        env.update(cpu.activate())
+    if config.async_training.one_gpu:
+        from recipe.one_step_off_async import one_gpu
+
+        env.update(one_gpu.activate())
+        with open_dict(config):
+            config.ray_kwargs.ray_init.num_gpus = one_gpu.LOGICAL_GPUS
+    runtime_env = config.ray_kwargs.ray_init.runtime_env
+    with open_dict(runtime_env):
+        runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **env}
     # Resolve in the driver: built-in asset paths are materialised once, before workers start.
     OmegaConf.resolve(config)
     check_data_files(config)
@@ -119,6 +130,7 @@ def main(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
     prepare_config(config)
+    check_backends(config)
     run_ppo(config, task_runner_class=OneStepOffTaskRunner)
 
 

@@ -10,7 +10,7 @@ decide where a batch comes from and when weights move:
   in flight (launched ``staleness`` steps earlier, after the previous weight sync);
 - ``_fit_generate`` waits for the item's generation instead of starting it;
 - ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k, so
-  no sequence ever mixes two weight versions;
+  no sequence ever mixes two weight versions (every ``sync_interval`` steps, and on validation steps);
 - checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
 
 staleness 0 is the synchronous baseline on the same pools and the same code: one queue slot.
@@ -21,7 +21,6 @@ staleness 0 is the synchronous baseline on the same pools and the same code: one
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import time
 from collections.abc import Iterator
@@ -32,13 +31,15 @@ from omegaconf import DictConfig, open_dict
 from verl import DataProto
 from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.single_controller.ray import RayClassWithInitArgs
+from verl.trainer.ppo.metric_utils import compute_throughout_metrics
 from verl.trainer.ppo.ray_trainer import compute_response_mask
 from verl.trainer.ppo.utils import Role
 from verl.utils.debug import marked_timer
 
 from recipe.one_step_off_async.async_config import validate_config
 from recipe.one_step_off_async.checkpoint_check import CheckpointError, resume_folder, verify_checkpoint
-from recipe.one_step_off_async.rollout_pipeline import InFlightBatch, PipelineTimeoutError, RolloutPipeline
+from recipe.one_step_off_async.deadlines import BoundedCheckpointManager, BoundedRolloutManager
+from recipe.one_step_off_async.rollout_pipeline import InFlightBatch, RolloutPipeline, expected_weight_version
 
 
 class WeightSyncError(RuntimeError):
@@ -47,6 +48,10 @@ class WeightSyncError(RuntimeError):
 
 class RewardError(ValueError):
     """The reward function returned something that must not be trained on."""
+
+
+class OffPolicyCorrectionError(RuntimeError):
+    """The off-policy correction is configured but its inputs are missing: it would be skipped silently."""
 
 
 @contextlib.contextmanager
@@ -83,7 +88,6 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             generate=self._generate,
             total_epochs=self.config.trainer.total_epochs,
         )
-        self._sync_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync")
         self._first_step = 1
         self._clock_origin = time.time()
 
@@ -95,6 +99,20 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             cls=self.role_worker_mapping[Role.ActorRollout], config=self.config.actor_rollout_ref, role="actor"
         )
         self.resource_pool_to_cls[pool][str(Role.ActorRollout)] = actor_cls
+
+    def init_workers(self) -> None:
+        super().init_workers()
+        self._bound_manager_calls()
+
+    def _bound_manager_calls(self) -> None:
+        # verl's fit() syncs v_0 and _validate() generates on this thread with no deadline: bound every call.
+        timeouts = self.async_config
+        self.checkpoint_manager = BoundedCheckpointManager(
+            self.checkpoint_manager,
+            timeouts.sync_timeout_s,
+            self.config.actor_rollout_ref.rollout.checkpoint_engine.backend,
+        )
+        self.async_rollout_manager = BoundedRolloutManager(self.async_rollout_manager, timeouts.generation_timeout_s)
 
     def _init_async_rollout_manager(self) -> None:
         from verl.experimental.agent_loop import AgentLoopManager
@@ -120,7 +138,6 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             self._shutdown_dump_executor()  # the last step's rollout dump lands before the process ends
         finally:
             self.train_dataloader.close()
-            self._sync_executor.shutdown(wait=False, cancel_futures=True)
             if self.progress_bar is not None:
                 self.progress_bar.close()
 
@@ -161,6 +178,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         batch = in_flight.prompts.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
         batch = batch.union(output)
         self._check_rewards(in_flight.step, batch)
+        self._check_correction_inputs(in_flight.step, batch)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
@@ -181,36 +199,52 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
                 "Training on it would corrupt every advantage of the batch; fix the reward function."
             )
 
+    def _check_correction_inputs(self, step: int, batch: DataProto) -> None:
+        # verl skips the rollout correction without a word when the rollout log-probs are missing.
+        if (
+            self.config.algorithm.get("rollout_correction") is not None
+            and "rollout_log_probs" not in batch.batch.keys()
+        ):
+            raise OffPolicyCorrectionError(
+                f"algorithm.rollout_correction is configured but the {self.config.actor_rollout_ref.rollout.name!r} "
+                f"rollout returned no rollout_log_probs for the batch of step {step}: the off-policy correction "
+                "would be skipped silently. Set actor_rollout_ref.rollout.calculate_log_probs=true, or use a "
+                "rollout backend that returns per-token log-probs."
+            )
+
+    def _validates_at(self, step: int) -> bool:
+        """verl's ``_fit_validate`` condition: validation runs after the sync of this step."""
+        test_freq = self.config.trainer.test_freq
+        return test_freq > 0 and (step >= self.total_training_steps or step % test_freq == 0)
+
+    def _syncs_at(self, step: int) -> bool:
+        # Validation at step k evaluates v_k, so validation steps always sync.
+        return step % self.async_config.sync_interval == 0 or self._validates_at(step)
+
     def _fit_update_weights(self) -> None:
         train_end = time.time()
-        # Generations launched with the previous weights finish before the new ones arrive.
-        with marked_timer("wait_prev_gen", self.timing_raw):
-            self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
-        sync_start = time.time()
-        with marked_timer("sync_weights", self.timing_raw):
-            sync_metrics = self._sync_weights(self.global_steps)
-        sync_end = time.time()
-        self.metrics.update(sync_metrics or {})
+        sync_start = sync_end = train_end
+        synced = self._syncs_at(self.global_steps)
+        if synced:
+            # Generations launched with the previous weights finish before the new ones arrive.
+            with marked_timer("wait_prev_gen", self.timing_raw):
+                self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
+            sync_start = time.time()
+            with marked_timer("sync_weights", self.timing_raw):
+                self.metrics.update(self.checkpoint_manager.update_weights(self.global_steps) or {})
+            sync_end = time.time()
+        else:
+            self.timing_raw["sync_weights"] = 0.0  # between syncs (sync_interval > 1) the rollout keeps its weights
         self.metrics.update(
             {
                 "timeline/train_end": train_end - self._clock_origin,
                 "timeline/sync_start": sync_start - self._clock_origin,
                 "timeline/sync_end": sync_end - self._clock_origin,
+                "async/synced": float(synced),
                 # What the rollout pool generated while this step ran (for s >= 1, the batches ahead).
                 "async/gen_in_step_s": self.train_dataloader.busy_seconds(self._step_started_at, sync_end),
             }
         )
-
-    def _sync_weights(self, version: int) -> dict:
-        future = self._sync_executor.submit(self.checkpoint_manager.update_weights, version)
-        try:
-            return future.result(timeout=self.async_config.sync_timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise PipelineTimeoutError(
-                f"Syncing weights v{version} from the actor to the rollout replicas did not finish within "
-                f"{self.async_config.sync_timeout_s:g} s (async_training.sync_timeout_s). A rollout worker or the "
-                f"checkpoint engine ({self.config.actor_rollout_ref.rollout.checkpoint_engine.backend}) is stuck."
-            ) from None
 
     def _record_weight_version(self, step: int, output: DataProto) -> None:
         """Check the versions the rollout reports against the contract; log the measured staleness."""
@@ -226,12 +260,13 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
                 f"Samples of the batch for step {step} were generated across weight versions "
                 f"{sorted(set(first) | set(last))}: a weight sync reached the rollout mid-generation."
             )
-        expected = max(self._first_step - 1, step - 1 - self.async_config.staleness)
+        expected = expected_weight_version(step, self.async_config.staleness, self._first_step - 1, self._syncs_at)
         versions = sorted(set(first.tolist()))
         if versions != [expected]:
             raise WeightSyncError(
                 f"The batch for step {step} was generated with weight version(s) {versions}, expected v{expected} "
-                f"(staleness {self.async_config.staleness}): a weight sync did not reach the rollout replicas."
+                f"(staleness {self.async_config.staleness}, sync_interval {self.async_config.sync_interval}): a "
+                "weight sync did not reach the rollout replicas."
             )
         (version,) = versions
         self.metrics["async/staleness"] = (step - 1) - version  # measured: v_{k-1} minus the rollout's version
@@ -239,6 +274,10 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
 
     def _fit_collect_metrics(self, batch: DataProto) -> None:
         super()._fit_collect_metrics(batch)
+        # verl divides by its resource pools, which hold the trainer only: count the rollout pool too.
+        trainer, rollout = self.config.trainer, self.config.actor_rollout_ref.rollout
+        devices = trainer.nnodes * trainer.n_gpus_per_node + rollout.nnodes * rollout.n_gpus_per_node
+        self.metrics.update(compute_throughout_metrics(batch=batch, timing_raw=self.timing_raw, n_gpus=devices))
         # (max(gen, train) + sync) / step, with gen = generation that ran during this step: 1.0 when
         # the slower pool never waits for the faster one, (max + sync) / (gen + train + sync) in lockstep.
         timing = self.timing_raw

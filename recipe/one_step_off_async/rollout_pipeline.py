@@ -28,9 +28,20 @@ from typing import Any
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
+from recipe.one_step_off_async.deadlines import PipelineTimeoutError
 
-class PipelineTimeoutError(TimeoutError):
-    """A bounded wait on the rollout pool expired; the message says what was awaited."""
+__all__ = ["Generated", "InFlightBatch", "PipelineTimeoutError", "RolloutPipeline", "expected_weight_version"]
+
+
+def expected_weight_version(step: int, staleness: int, base: int, syncs_at: Callable[[int], bool]) -> int:
+    """The weight version the batch of training step ``step`` is generated with: the contract.
+
+    The batch of step k is launched right after step k-1-s ends, so it carries the last version synced
+    at or before step k-1-s. ``base`` is the version the run started from (0, or N after a resume at
+    step N, synced before the first step); ``syncs_at(j)`` says whether step j pushes its weights
+    (every step with ``sync_interval`` 1).
+    """
+    return next((j for j in range(step - 1 - staleness, base, -1) if syncs_at(j)), base)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The CPU demo: one-step-off GRPO on the built-in task, then a summary and a picture of the overlap.
 
     python -m recipe.one_step_off_async.demo.run [hydra overrides]     # or: bash scripts/run_demo.sh
+    python -m recipe.one_step_off_async.demo.run --config-name=one_step_off_ppo_1gpu   # one GPU (gpu_smoke.sh)
 
 Trains with the CPU profile (``config/one_step_off_ppo_cpu.yaml``: 1 core trains, 1 core
 generates), logs every step's metrics to ``outputs/demo/<experiment>/metrics.jsonl`` and ends with
@@ -19,11 +20,12 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, open_dict
 
 VAL_REWARD_PREFIX = "val-core/"
+SYNC_PHASE_PREFIX = "timing_s/sync/"
 
 
-def compose_demo_config(overrides: list[str]) -> DictConfig:
+def compose_demo_config(overrides: list[str], config_name: str = "one_step_off_ppo_cpu") -> DictConfig:
     with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
-        config = compose(config_name="one_step_off_ppo_cpu", overrides=overrides)
+        config = compose(config_name=config_name, overrides=overrides)
     with open_dict(config):
         if "file" not in config.trainer.logger:
             config.trainer.logger = [*config.trainer.logger, "file"]
@@ -59,8 +61,9 @@ def summarize(steps: dict[int, dict]) -> str:
     # The first step also waits for the pipeline to fill; steady state starts at step 2.
     steady = [steps[s] for s in train_steps[1:]] or [steps[s] for s in train_steps]
 
-    def mean(key: str) -> float:
-        return sum(m[key] for m in steady) / len(steady)
+    def mean(key: str) -> float:  # over the steps that logged it (sync phases: the steps that synced)
+        values = [m[key] for m in steady if key in m]
+        return sum(values) / len(values)
 
     validated = [(s, val_reward(steps[s])) for s in sorted(steps) if val_reward(steps[s]) is not None]
     lines = [f"trained {len(train_steps)} steps, staleness {steady[-1]['async/staleness']:.0f} (measured)"]
@@ -73,6 +76,12 @@ def summarize(steps: dict[int, dict]) -> str:
         f"waiting for generation {mean('timing_s/wait_prev_gen'):.2f} s"
     )
     lines.append(f"overlap efficiency {mean('async/overlap_efficiency'):.2f} (1.0 = the slower pool never waits)")
+    phases = sorted({key for m in steady for key in m if key.startswith(SYNC_PHASE_PREFIX)})
+    if phases:
+        split = ", ".join(f"{key.removeprefix(SYNC_PHASE_PREFIX)} {mean(key) * 1000:.1f}" for key in phases)
+        lines.append(f"weight sync (ms, mean per sync): {split}")
+    first = steps[train_steps[0]]
+    lines.append(f"first step {first['timing_s/step']:.2f} s (generation {first['timing_s/gen']:.2f} s)")
     return "\n".join(lines)
 
 
@@ -116,15 +125,20 @@ def plot(steps: dict[int, dict], path: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    config = compose_demo_config(argv)
+    names = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config-name=")]
+    config = compose_demo_config([arg for arg in argv if not arg.startswith("--config-name=")], *names[-1:])
     output_dir = Path("outputs", "demo", config.trainer.experiment_name).resolve()
     metrics_path = output_dir / "metrics.jsonl"
     train(config, metrics_path)
     steps = read_metrics(metrics_path)
-    picture = output_dir / "timeline.png"
-    plot(steps, picture)
     print("\n" + summarize(steps))
-    print(f"reward and timeline plot: {picture}")
+    picture = output_dir / "timeline.png"
+    try:
+        plot(steps, picture)
+    except ImportError as error:  # matplotlib is a project dependency, but a bare GPU image may lack it
+        print(f"timeline plot skipped: {error}")
+    else:
+        print(f"reward and timeline plot: {picture}")
 
 
 if __name__ == "__main__":
