@@ -1,17 +1,20 @@
 """End-to-end runs of ``python -m recipe.one_step_off_async.main_ppo`` on CPU with the tiny task.
 
 Each run checks several things at once (a run costs ~40 s of start-up on 2 cores): the staleness
-runs also cover ``sync_interval`` and the ``checkpoint`` weight-sync backend; the resume test resumes
-from a checkpoint in the middle of a sync interval.
+runs also cover ``sync_interval``, the ``checkpoint`` weight-sync backend and the recipe's policy
+losses; the resume test resumes from a checkpoint in the middle of a sync interval, with ``kimi15``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
 from e2e import run_main
 from faults import failing_generation
+
+from recipe.one_step_off_async.policy_losses import LOSS_MODES
 
 pytestmark = pytest.mark.slow
 
@@ -35,17 +38,47 @@ CHECKPOINT_ENGINE = (
 )
 
 
+# Per recipe loss: extra overrides, a metric only it logs (or None), a metric it must not log (or None):
+# proof that the Ray actor worker ran the recipe's loss, not verl's default PPO-clip `vanilla`.
+LOSS_SIGNATURES = {
+    "reinforce": ((), None, "actor/pg_clipfrac"),
+    "topr": ((), "actor/topr_positive_frac", None),
+    "tis_pg": ((), "actor/pg_clipfrac_lower", None),
+    # The `+` key must survive verl's actor-config instantiation in the worker.
+    "kimi15": (("+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5",), None, "actor/pg_clipfrac"),
+}
+RESUME_LOSS = "kimi15"
+
+
+def loss_overrides(loss: str) -> tuple[str, ...]:
+    return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0])
+
+
+def assert_loss_ran(metrics: dict, loss: str) -> None:
+    _, logged, not_logged = LOSS_SIGNATURES[loss]
+    assert math.isfinite(metrics["actor/pg_loss"]), metrics["actor/pg_loss"]
+    assert logged is None or logged in metrics, sorted(metrics)
+    assert not_logged is None or not_logged not in metrics, sorted(metrics)
+
+
 def contract_version(step: int, staleness: int, interval: int, start: int = 0) -> int:
     """The documented contract with no validation in between: floor((k-1-s)/N)*N, at least the start."""
     return max(start, (step - 1 - staleness) // interval * interval)
 
 
+STALENESS_RUNS = [(0, 3, True, "reinforce"), (1, 1, False, "topr"), (2, 2, False, "tis_pg")]
+
+
+def test_every_recipe_loss_runs_end_to_end():
+    assert sorted([loss for *_, loss in STALENESS_RUNS] + [RESUME_LOSS]) == sorted(LOSS_MODES)
+
+
 @pytest.mark.parametrize(
-    ("staleness", "interval", "through_files"),
-    [(0, 3, True), (1, 1, False), (2, 2, False)],
-    ids=["s0-every3-checkpoint-engine", "s1", "s2-every2"],
+    ("staleness", "interval", "through_files", "loss"),
+    STALENESS_RUNS,
+    ids=["s0-every3-checkpoint-engine-reinforce", "s1-topr", "s2-every2-tis_pg"],
 )
-def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, staleness, interval, through_files):
+def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, staleness, interval, through_files, loss):
     weights = tmp_path / "weights"
     extra = (*CHECKPOINT_ENGINE, f"+{CHECKPOINT_ENGINE[0].split('.backend')[0]}.engine_kwargs.checkpoint.dir={weights}")
     run = run_main(
@@ -56,6 +89,7 @@ def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, stale
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         *(extra if through_files else ()),
+        *loss_overrides(loss),
     )
     assert run.returncode == 0, run.output[-5000:]
     metrics = run.metrics
@@ -63,6 +97,7 @@ def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, stale
     for step, values in metrics.items():
         missing = [key for key in REQUIRED_METRICS if key not in values]
         assert not missing, f"step {step} lacks {missing}"
+        assert_loss_ran(values, loss)
         version = contract_version(step, staleness, interval)
         assert values["async/weight_version"] == version, f"step {step}"
         assert values["async/staleness"] == step - 1 - version
@@ -83,6 +118,7 @@ def test_resume_in_the_middle_of_a_sync_interval_continues_with_the_next_batch(t
         "async_training.sync_interval=2",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
+        *loss_overrides(RESUME_LOSS),
     )
     full = run_main(tmp_path / "full", *common, "trainer.total_training_steps=5")
     assert full.returncode == 0, full.output[-5000:]
@@ -111,6 +147,8 @@ def test_resume_in_the_middle_of_a_sync_interval_continues_with_the_next_batch(t
         assert resumed.metrics[step]["async/synced"] == full.metrics[step]["async/synced"] == float(step == 4)
         assert resumed.metrics[step]["async/weight_version"] == contract_version(step, 1, 2, start=3) == 3
     assert [full.metrics[step]["async/weight_version"] for step in range(1, 6)] == [0, 0, 0, 2, 2]
+    for step in range(1, 6):
+        assert_loss_ran(full.metrics[step], RESUME_LOSS)
 
 
 def test_generation_error_fails_the_run_with_the_original_exception(tmp_path, demo_assets):
