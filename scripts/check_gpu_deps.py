@@ -16,7 +16,9 @@ imports must come from a resolved distribution:
 flash-attn (the ``flash`` extra, for flash_attention_2) has no wheels on PyPI: the script checks that
 the version verl pins exists there, and says whether a binary wheel for the target appeared.
 Prints the resolved versions of the key packages; exits 1 naming every module nothing provides.
-pip caches into a temporary folder, removed at the end.
+pip uses its own cache (``pip cache dir``): this index serves no separate metadata files, so the first
+check downloads the resolved wheels (about 1.5 GB, a few minutes); later checks on the machine resolve
+from the cache.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def unprovided(resolved: dict[str, str]) -> list[str]:
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="check_gpu_deps-") as tmp:
         work = Path(tmp)
-        env = {**os.environ, "PIP_CACHE_DIR": str(work / "cache"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         resolved = resolve_gpu_extra(work, env)
         flash_version, flash_offered = flash_attn_pin(env)
 

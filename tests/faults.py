@@ -3,8 +3,10 @@
 Two kinds of faults:
 
 - **In-process**, through verl's own extension points: a custom agent loop
-  (``rollout.agent.agent_loop_config_path``) that raises or never returns on its N-th call, and
-  custom reward functions (``reward.custom_reward_function``) that raise or return NaN.
+  (``rollout.agent.agent_loop_config_path``) that raises or never returns on its N-th call,
+  custom reward functions (``reward.custom_reward_function``) that raise or return NaN, and a
+  gloo engine whose rollout workers never finish receiving one weight version
+  (``frozen_sync.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``).
 - **From outside**, on a run started with ``start_main``: every process of the run (the driver,
   Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
   by its Ray process title (``ray::HFRolloutServer``, ``ray::WorkerDict``...), kill or stop it at a
@@ -34,7 +36,6 @@ HANG_AT_CALL_ENV = "FAULTS_AGENT_LOOP_HANG_AT_CALL"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
-AGENT_LOOP_WORKER = "ray::AgentLoopWorker"
 ACTOR_WORKER = "ray::WorkerDict"
 
 
@@ -81,6 +82,14 @@ def reward_function(directory: Path, body: str) -> list[str]:
         + "".join(f"    {line}\n" for line in body.splitlines())
     )
     return [f"reward.custom_reward_function.path={path}", "reward.custom_reward_function.name=compute_score"]
+
+
+def frozen_weight_sync(version: int) -> dict[str, str]:
+    """Env for a run whose rollout workers never finish receiving weight version ``version``."""
+    from frozen_sync import FREEZE_SYNC_ENV  # the module itself is imported by the run's processes only
+
+    modules = ",".join(m for m in (os.environ.get("VERL_USE_EXTERNAL_MODULES", ""), "frozen_sync") if m)
+    return {"VERL_USE_EXTERNAL_MODULES": modules, FREEZE_SYNC_ENV: str(version), **_tests_on_python_path()}
 
 
 def _tests_on_python_path() -> dict[str, str]:

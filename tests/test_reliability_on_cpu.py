@@ -15,7 +15,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 from e2e import run_main
-from faults import ACTOR_WORKER, AGENT_LOOP_WORKER, ROLLOUT_SERVER, failing_generation, reward_function, start_main
+from faults import ACTOR_WORKER, ROLLOUT_SERVER, failing_generation, frozen_weight_sync, reward_function, start_main
 
 from recipe.one_step_off_async.checkpoint_check import verify_checkpoint
 
@@ -103,14 +103,17 @@ def test_validation_that_never_returns_fails_within_the_generation_timeout(tmp_p
     assert run.logged_steps() == []
 
 
-def test_rollout_frozen_before_the_first_weight_sync_fails_within_the_sync_timeout(tmp_path):
-    # verl's fit() syncs v0 before its loop; freeze the rollout server once it is up, before that sync.
-    run = start_main(tmp_path, *BOUNDED, "async_training.sync_timeout_s=15", "trainer.total_training_steps=3")
-    deadline = time.monotonic() + 300
-    while not run.processes(AGENT_LOOP_WORKER):  # started after the rollout servers, before the first sync
-        assert run.process.poll() is None and time.monotonic() < deadline, "the run never started its agent loop"
-        time.sleep(0.05)
-    run.signal_worker(ROLLOUT_SERVER, signal.SIGSTOP)
+def test_rollout_frozen_in_the_first_weight_sync_fails_within_the_sync_timeout(tmp_path):
+    # verl's fit() syncs v0 before its loop; the rollout worker never finishes receiving it. The gloo
+    # engine's own timeout is set above the sync bound, so the trainer's bound is what fires.
+    run = start_main(
+        tmp_path,
+        "async_training.sync_timeout_s=15",
+        "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300",
+        "trainer.val_before_train=false",
+        "trainer.total_training_steps=3",
+        env=frozen_weight_sync(version=0),
+    )
     _, seconds, output = run.wait(timeout_s=FAIL_WITHIN_S + 180)
     assert_failed_cleanly(run, output, seconds)
     assert "Syncing weights v0 from the actor to the rollout replicas did not finish within 15 s" in output
