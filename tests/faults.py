@@ -30,9 +30,12 @@ import psutil
 from e2e import ENTRY
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
+from recipe.one_step_off_async import external_modules
+
 TESTS_DIR = Path(__file__).resolve().parent
 FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
 HANG_AT_CALL_ENV = "FAULTS_AGENT_LOOP_HANG_AT_CALL"
+FREEZE_SYNC_ENV = "FAULTS_FREEZE_SYNC_VERSION"  # read by frozen_sync.py in the run's processes
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
@@ -86,10 +89,9 @@ def reward_function(directory: Path, body: str) -> list[str]:
 
 def frozen_weight_sync(version: int) -> dict[str, str]:
     """Env for a run whose rollout workers never finish receiving weight version ``version``."""
-    from frozen_sync import FREEZE_SYNC_ENV  # the module itself is imported by the run's processes only
-
-    modules = ",".join(m for m in (os.environ.get("VERL_USE_EXTERNAL_MODULES", ""), "frozen_sync") if m)
-    return {"VERL_USE_EXTERNAL_MODULES": modules, FREEZE_SYNC_ENV: str(version), **_tests_on_python_path()}
+    # frozen_sync registers its engine as `gloo`: imported by the run's processes, never by this one.
+    modules = external_modules.listing_with("frozen_sync")
+    return {external_modules.ENV: modules, FREEZE_SYNC_ENV: str(version), **_tests_on_python_path()}
 
 
 def _tests_on_python_path() -> dict[str, str]:

@@ -16,8 +16,6 @@ from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
 from recipe.one_step_off_async.cpu.gloo_checkpoint_engine import GlooCheckpointEngine, ReceivedWeights
 
-FREEZE_SYNC_ENV = "FAULTS_FREEZE_SYNC_VERSION"
-
 
 async def _never():
     await asyncio.Event().wait()
@@ -27,6 +25,8 @@ async def _never():
 @CheckpointEngineRegistry.register("gloo")
 class FrozenReceiverGlooEngine(GlooCheckpointEngine):
     def receive_weights(self, global_steps: int | None = None) -> ReceivedWeights:
+        from faults import FREEZE_SYNC_ENV  # at sync time: faults imports verl, which imports this module
+
         if global_steps == int(os.environ[FREEZE_SYNC_ENV]):
             return ReceivedWeights(lambda _: _never())
         return super().receive_weights(global_steps)

@@ -172,6 +172,9 @@ class StubbedTrainer(OneStepOffRayTrainer):
         self.log.add("update", self.global_steps, self.train_dataloader.in_flight, prompt_ids(batch))
         return DataProto.from_single_dict(data={}, meta_info={"metrics": {"actor/pg_loss": 0.0}})
 
+    def _save_checkpoint(self) -> None:
+        self.log.add("save", self.global_steps)
+
     def _fit_postprocess_step(self) -> None:
         self.logged_metrics.append(dict(self.metrics))
         super()._fit_postprocess_step()

@@ -112,10 +112,11 @@ def test_entry_point_trains_with_measured_staleness(tmp_path, demo_assets, stale
 
 
 def test_resume_in_the_middle_of_a_sync_interval_continues_with_the_next_batch(tmp_path, demo_assets):
-    # Syncs after steps 2 and 4; the checkpoint at step 3 falls in the middle of an interval.
+    # Syncs after steps 2 and 4 (interval), and after the saves at 3 (mid-interval) and 5 (last step).
     common = (
         "async_training.staleness=1",
         "async_training.sync_interval=2",
+        "trainer.save_freq=3",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         *loss_overrides(RESUME_LOSS),
@@ -124,9 +125,7 @@ def test_resume_in_the_middle_of_a_sync_interval_continues_with_the_next_batch(t
     assert full.returncode == 0, full.output[-5000:]
 
     checkpoints = tmp_path / "checkpoints"
-    first = run_main(
-        tmp_path / "first", *common, "trainer.total_training_steps=3", "trainer.save_freq=3", checkpoints=checkpoints
-    )
+    first = run_main(tmp_path / "first", *common, "trainer.total_training_steps=3", checkpoints=checkpoints)
     assert first.returncode == 0, first.output[-5000:]
     resumed = run_main(
         tmp_path / "resumed",
@@ -138,15 +137,18 @@ def test_resume_in_the_middle_of_a_sync_interval_continues_with_the_next_batch(t
     assert resumed.returncode == 0, resumed.output[-5000:]
 
     assert sorted(resumed.metrics) == [4, 5]
+    assert [full.metrics[step]["async/synced"] for step in range(1, 6)] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert [full.metrics[step]["async/weight_version"] for step in range(1, 6)] == [0, 0, 0, 2, 3]
     for step in (1, 2, 3):
         assert Counter(first.prompts(step)) == Counter(full.prompts(step))
         assert first.metrics[step]["async/weight_version"] == full.metrics[step]["async/weight_version"]
     for step in (4, 5):
         assert Counter(resumed.prompts(step)) == Counter(full.prompts(step))
-        # Syncs at the uninterrupted run's steps; versions from v3, the checkpoint's weights, on.
-        assert resumed.metrics[step]["async/synced"] == full.metrics[step]["async/synced"] == float(step == 4)
-        assert resumed.metrics[step]["async/weight_version"] == contract_version(step, 1, 2, start=3) == 3
-    assert [full.metrics[step]["async/weight_version"] for step in range(1, 6)] == [0, 0, 0, 2, 2]
+        assert resumed.metrics[step]["async/synced"] == full.metrics[step]["async/synced"]
+    # The save synced v3, so from step M+1+s = 5 on the versions are the uninterrupted run's; batch 4 was
+    # in flight at the save and is regenerated with v3 (the resume contract, as with sync_interval 1).
+    assert resumed.metrics[5]["async/weight_version"] == full.metrics[5]["async/weight_version"] == 3
+    assert resumed.metrics[4]["async/weight_version"] == contract_version(4, 1, 2, start=3) == 3
     for step in range(1, 6):
         assert_loss_ran(full.metrics[step], RESUME_LOSS)
 

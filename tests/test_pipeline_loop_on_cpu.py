@@ -153,6 +153,15 @@ def test_validation_steps_sync_even_between_intervals():
     assert [m["async/weight_version"] for m in trainer.logged_metrics] == [0, 0, 0, 0, 3, 4]  # last sync <= k-2
 
 
+def test_checkpoint_steps_sync_so_the_rollout_holds_the_saved_version():
+    trainer, log = run(1, 6, "async_training.sync_interval=4", "trainer.save_freq=3")
+
+    assert [s[1] for s in log.of("sync")] == [0, 3, 4, 6]
+    assert [s[1] for s in log.of("save")] == [3, 6]
+    for step in (3, 6):
+        assert log.index("sync", step, False) < log.index("save", step)
+
+
 def test_validation_that_never_returns_fails_within_the_generation_timeout():
     log = EventLog()
     rollout = StubRollout(log, hang_validation=True)

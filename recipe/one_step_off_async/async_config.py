@@ -1,7 +1,8 @@
 """The recipe's own config keys (``async_training``) and its start-up validation.
 
-``validate_config`` is pure: it reads an OmegaConf config and either returns or raises
-``ConfigError`` with a message that names the offending key and how to fix it.
+``validate_config`` reads an OmegaConf config and either returns or raises ``ConfigError`` with a
+message that names the offending key and how to fix it; it changes nothing (it imports the
+recipe's policy losses to check their keys).
 ``check_data_files`` reads only the parquet footers of the local data files. ``main_ppo`` calls
 both before Ray or any worker starts, so a bad config costs seconds, not a cluster allocation;
 the tests call the same functions directly.
@@ -17,10 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 # Which checkpoint engines can feed which rollout backends (actor -> rollout weight transfer).
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
 # gloo: this recipe's CPU engine, consumed by the recipe's `hf` replica.
-# checkpoint: this recipe's file engine (file_checkpoint_engine.py): full tensors through a folder, for any of them.
+# checkpoint: this recipe's file engine (file_checkpoint_engine.py): full tensors through a folder (run with hf
+# and vLLM; not yet with SGLang).
 COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
     "vllm": ("nccl", "nixl", "mooncake", "kimi", "checkpoint"),
-    "sglang": ("nccl", "nixl", "mooncake", "kimi", "checkpoint"),
+    "sglang": ("nccl", "nixl", "mooncake", "kimi"),
     "hf": ("gloo", "checkpoint"),
 }
 
@@ -44,7 +46,7 @@ class AsyncTrainingConfig:
         default=1,
         metadata={
             "help": "Push the actor's weights to the rollout every N training steps (and on every validation "
-            "step); in between, the rollout keeps generating with the last version it received."
+            "and checkpoint step); in between, the rollout keeps generating with the last version it received."
         },
     )
     one_gpu: bool = field(

@@ -10,7 +10,8 @@ decide where a batch comes from and when weights move:
   in flight (launched ``staleness`` steps earlier, after the previous weight sync);
 - ``_fit_generate`` waits for the item's generation instead of starting it;
 - ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k, so
-  no sequence ever mixes two weight versions (every ``sync_interval`` steps, and on validation steps);
+  no sequence ever mixes two weight versions (every ``sync_interval`` steps, and on validation and
+  checkpoint steps);
 - checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
 
 staleness 0 is the synchronous baseline on the same pools and the same code: one queue slot.
@@ -150,8 +151,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         return batch, gen_batch
 
     def _generate(self, gen_batch: DataProto) -> DataProto:
-        """Runs on the pipeline's thread while the actor trains."""
-        return self.async_rollout_manager.generate_sequences(gen_batch)
+        """Runs on the pipeline's thread while the actor trains; the pipeline bounds its own waits."""
+        return self.async_rollout_manager.manager.generate_sequences(gen_batch)
 
     def _fit_get_batch(self, in_flight: InFlightBatch) -> InFlightBatch:
         # The pipeline already built the batch when it launched its generation.
@@ -217,9 +218,15 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         test_freq = self.config.trainer.test_freq
         return test_freq > 0 and (step >= self.total_training_steps or step % test_freq == 0)
 
+    def _saves_at(self, step: int) -> bool:
+        """verl's ``_fit_save_checkpoint`` condition (less its unpredictable ESI-expiry saves)."""
+        save_freq = self.config.trainer.save_freq
+        return save_freq > 0 and (step >= self.total_training_steps or step % save_freq == 0)
+
     def _syncs_at(self, step: int) -> bool:
-        # Validation at step k evaluates v_k, so validation steps always sync.
-        return step % self.async_config.sync_interval == 0 or self._validates_at(step)
+        # Validation at step k evaluates v_k; a checkpoint at step k leaves the rollout at v_k too, so a
+        # run resumed from it continues with the versions of the uninterrupted run.
+        return step % self.async_config.sync_interval == 0 or self._validates_at(step) or self._saves_at(step)
 
     def _fit_update_weights(self) -> None:
         train_end = time.time()
@@ -274,9 +281,11 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
 
     def _fit_collect_metrics(self, batch: DataProto) -> None:
         super()._fit_collect_metrics(batch)
-        # verl divides by its resource pools, which hold the trainer only: count the rollout pool too.
+        # verl divides by its resource pools, which hold the trainer only: count the rollout pool too
+        # (one physical device when both pools share it).
         trainer, rollout = self.config.trainer, self.config.actor_rollout_ref.rollout
         devices = trainer.nnodes * trainer.n_gpus_per_node + rollout.nnodes * rollout.n_gpus_per_node
+        devices = 1 if self.async_config.one_gpu else devices
         self.metrics.update(compute_throughout_metrics(batch=batch, timing_raw=self.timing_raw, n_gpus=devices))
         # (max(gen, train) + sync) / step, with gen = generation that ran during this step: 1.0 when
         # the slower pool never waits for the faster one, (max + sync) / (gen + train + sync) in lockstep.
