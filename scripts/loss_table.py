@@ -2,7 +2,8 @@
 
 What: the CPU profile's real entry point, STEPS training steps per run, for every (loss, staleness)
 in GRID and every seed (data.seed = actor_rollout_ref.rollout.seed = seed); the accuracy of the
-128 held-out prompts (``val-core/.../acc/mean@1``) read back at steps 0, STEPS/2 and STEPS.
+128 held-out prompts (``val-core/.../acc/mean@1``) read back at every step all runs validated
+(``trainer.test_freq``: every 10 steps on the CPU profile, and the last).
 
 Why: to show how the recipe's off-policy losses (``topr``, ``kimi15``, ``tis_pg``, ``reinforce``)
 compare with verl's ``vanilla`` (PPO-clip) and ``cispo`` at staleness 1, and with the synchronous
@@ -99,7 +100,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/loss_table"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides added to every run")
     args = parser.parse_args()
-    checkpoints = (0, args.steps // 2, args.steps)
 
     results = {}
     for seed in args.seeds:  # seed-major: a grid cut short still has every row for the first seeds
@@ -107,6 +107,7 @@ def main() -> None:
             directory = (args.out / f"{loss}_s{staleness}_seed{seed}").resolve()
             results[loss, staleness, seed] = run(directory, loss, staleness, seed, args.steps, args.overrides)
 
+    checkpoints = sorted(set.intersection(*(set(steps) for steps in results.values())))
     seeds = ", ".join(map(str, args.seeds))
     extra = f"; overrides: {' '.join(args.overrides)}" if args.overrides else ""
     print(f"\nGreedy validation accuracy, mean (sd) over seeds {seeds}; {args.steps} steps{extra}:\n")
