@@ -176,16 +176,9 @@ def _start_sync(
     ]
 
 
-def _sync(
-    sender: _EngineProcess,
-    receivers: list[_EngineProcess],
-    seed: int,
-    version: int,
-    reuse_memory: bool = False,
-    dawdle_s: float = 0.0,
-) -> list[dict[str, Any]]:
-    """A whole healthy sync of ``_model_weights(seed)``; returns what each receiver got."""
-    return _sync_with_metrics(sender, receivers, seed, version, reuse_memory, dawdle_s)[1]
+def _sync(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """A whole healthy sync of ``_model_weights(seed)`` (``_sync_with_metrics``' arguments); what each receiver got."""
+    return _sync_with_metrics(*args, **kwargs)[1]
 
 
 def _sync_with_metrics(
