@@ -26,3 +26,12 @@ def demo_assets():
     from recipe.one_step_off_async.demo.assets import ensure_assets
 
     return ensure_assets()
+
+
+@pytest.fixture(scope="session")
+def one_step_off_run(tmp_path_factory, demo_assets):
+    """One undisturbed run of the entry point (``e2e.one_step_off_overrides``), shared by the tests that check
+    it and those that compare a disturbed run with it."""
+    from e2e import one_step_off_overrides, run_main
+
+    return run_main(tmp_path_factory.mktemp("one_step_off"), *one_step_off_overrides())

@@ -8,6 +8,7 @@ and the console output.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,6 +17,98 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", "--config-name=one_step_off_ppo_cpu"]
+STEPS = 4
+ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the crash-resume test
+
+# Per recipe loss: extra overrides, a metric only it logs (or None), a metric it must not log (or None):
+# proof that the Ray actor worker ran the recipe's loss, not verl's default PPO-clip `vanilla`.
+LOSS_SIGNATURES = {
+    "reinforce": ((), None, "actor/pg_clipfrac"),
+    "topr": ((), "actor/topr_positive_frac", None),
+    "tis_pg": ((), "actor/pg_clipfrac_lower", None),
+    # The `+` key must survive verl's actor-config instantiation in the worker.
+    "kimi15": (("+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5",), None, "actor/pg_clipfrac"),
+}
+# Which run carries which recipe loss: each loss runs end to end once.
+ONE_STEP_OFF_LOSS, RESUME_LOSS = "topr", "kimi15"  # test_e2e_main_on_cpu.py
+KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_elastic_on_cpu.py
+CHECKPOINT_ENGINE = (
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.one_step_off_async.file_checkpoint_engine",
+)
+
+
+def loss_overrides(loss: str) -> tuple[str, ...]:
+    return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0])
+
+
+def contract_version(step: int, staleness: int, interval: int, start: int = 0) -> int:
+    """The documented contract with no validation in between: floor((k-1-s)/N)*N, at least the start."""
+    return max(start, (step - 1 - staleness) // interval * interval)
+
+
+def one_step_off_overrides() -> tuple[str, ...]:
+    """The default pipeline (staleness 1, sync every step), undisturbed: the run other runs compare with."""
+    return (
+        "async_training.staleness=1",
+        "async_training.sync_interval=1",
+        f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        *loss_overrides(ONE_STEP_OFF_LOSS),
+    )
+
+
+REQUIRED_METRICS = (
+    "timing_s/step",
+    "timing_s/wait_prev_gen",
+    "timing_s/sync_weights",
+    "timing_s/update_actor",
+    "timing_s/gen",
+    "async/staleness",
+    "async/overlap_efficiency",
+    "critic/score/mean",
+    "actor/pg_loss",
+    "rollout_corr/rollout_is_mean",  # the off-policy correction ran (verl skips it silently otherwise)
+    "perf/throughput",
+)
+
+
+def assert_loss_ran(metrics: dict, loss: str) -> None:
+    _, logged, not_logged = LOSS_SIGNATURES[loss]
+    assert math.isfinite(metrics["actor/pg_loss"]), metrics["actor/pg_loss"]
+    assert logged is None or logged in metrics, sorted(metrics)
+    assert not_logged is None or not_logged not in metrics, sorted(metrics)
+
+
+def assert_trained_with_staleness(
+    run, staleness: int, interval: int, loss: str, steps: int, through_files: bool = False
+) -> None:
+    """Every step logged, with the required metrics, the loss's signature and the contract's weight version."""
+    assert run.returncode == 0, run.output[-5000:]
+    metrics = run.metrics
+    assert sorted(metrics) == list(range(1, steps + 1))
+    for step, values in metrics.items():
+        missing = [key for key in REQUIRED_METRICS if key not in values]
+        assert not missing, f"step {step} lacks {missing}"
+        assert_loss_ran(values, loss)
+        version = contract_version(step, staleness, interval)
+        assert values["async/weight_version"] == version, f"step {step}"
+        assert values["async/staleness"] == step - 1 - version
+        assert values["async/synced"] == float(step % interval == 0)
+        if step % interval:
+            assert values["timing_s/sync_weights"] == 0.0
+        elif through_files:
+            assert values["checkpoint_engine/files"] >= 1  # the version went through the folder
+
+
+def read_metrics(path: Path) -> dict[int, dict]:
+    """Training-step metrics by step (validation-only lines at step 0 are merged in)."""
+    merged: dict[int, dict] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        merged.setdefault(record["step"], {}).update(record["data"])
+    return merged
 
 
 @dataclass
@@ -27,13 +120,7 @@ class Run:
 
     @property
     def metrics(self) -> dict[int, dict]:
-        """Training-step metrics by step (validation-only lines at step 0 are merged in)."""
-        merged: dict[int, dict] = {}
-        path = self.directory / "metrics.jsonl"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            record = json.loads(line)
-            merged.setdefault(record["step"], {}).update(record["data"])
-        return merged
+        return read_metrics(self.directory / "metrics.jsonl")
 
     def validation(self, key: str) -> dict[int, float]:
         """The validation metric ``key`` by step, for the steps that validated."""

@@ -3,7 +3,8 @@
 Two kinds of faults:
 
 - **In-process**, through verl's own extension points: a custom agent loop
-  (``rollout.agent.agent_loop_config_path``) that raises or never returns on its N-th call,
+  (``rollout.agent.agent_loop_config_path``) that raises, never returns, or kills a rollout replica
+  (``ray.kill``, while the calls before it are still generating) on its N-th call,
   custom reward functions (``reward.custom_reward_function``) that raise or return NaN, and a
   gloo engine whose rollout workers never finish receiving one weight version
   (``frozen_sync.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``).
@@ -27,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from e2e import ENTRY
+import ray
+from e2e import ENTRY, read_metrics
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from recipe.one_step_off_async import external_modules
@@ -35,6 +37,7 @@ from recipe.one_step_off_async import external_modules
 TESTS_DIR = Path(__file__).resolve().parent
 FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
 HANG_AT_CALL_ENV = "FAULTS_AGENT_LOOP_HANG_AT_CALL"
+KILL_REPLICA_AT_CALL_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_AT_CALL"
 FREEZE_SYNC_ENV = "FAULTS_FREEZE_SYNC_VERSION"  # read by frozen_sync.py in the run's processes
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
@@ -50,12 +53,18 @@ class InjectedFault(RuntimeError):
 
 
 class FailingAgentLoop(SingleTurnAgentLoop):
-    """The single-turn agent loop, except that its N-th call in a worker process raises or never returns."""
+    """The single-turn agent loop, except that its N-th call in a worker process raises, never returns, or
+    first kills a rollout replica (the one the load balancer would pick next) while the calls before it
+    are still generating."""
 
     calls = 0
 
     async def run(self, sampling_params, **kwargs):
         FailingAgentLoop.calls += 1
+        if FailingAgentLoop.calls == int(os.environ.get(KILL_REPLICA_AT_CALL_ENV, 0)):
+            server_id, server = await self.server_manager._acquire_server(f"fault-{uuid.uuid4().hex}")
+            self.server_manager._release_server(server_id)
+            ray.kill(server)  # its process is killed, as by the OOM killer: requests on it die with it
         if FailingAgentLoop.calls == int(os.environ.get(FAIL_AT_CALL_ENV, 0)):
             raise InjectedFault(f"generation failed on agent-loop call {FailingAgentLoop.calls}")
         if FailingAgentLoop.calls == int(os.environ.get(HANG_AT_CALL_ENV, 0)):
@@ -64,16 +73,20 @@ class FailingAgentLoop(SingleTurnAgentLoop):
 
 
 def failing_generation(
-    directory: Path, fail_at_call: int = 0, hang_at_call: int = 0
+    directory: Path, fail_at_call: int = 0, hang_at_call: int = 0, kill_replica_at_call: int = 0
 ) -> tuple[list[str], dict[str, str]]:
-    """Overrides and env for a run whose generation raises (or hangs) on agent-loop call N."""
+    """Overrides and env for a run whose generation raises, hangs or kills a replica on agent-loop call N."""
     config = directory / "failing_agent_loop.yaml"
     config.write_text(f"- name: failing_agent\n  _target_: {__name__}.FailingAgentLoop\n")
     overrides = [
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
     ]
-    env = {FAIL_AT_CALL_ENV: str(fail_at_call), HANG_AT_CALL_ENV: str(hang_at_call)}
+    env = {
+        FAIL_AT_CALL_ENV: str(fail_at_call),
+        HANG_AT_CALL_ENV: str(hang_at_call),
+        KILL_REPLICA_AT_CALL_ENV: str(kill_replica_at_call),
+    }
     return overrides, {**env, **_tests_on_python_path()}
 
 
@@ -113,6 +126,10 @@ class WatchedRun:
     @property
     def metrics_path(self) -> Path:
         return self.directory / "metrics.jsonl"
+
+    @property
+    def metrics(self) -> dict[int, dict]:
+        return read_metrics(self.metrics_path)
 
     def logged_steps(self) -> list[int]:
         if not self.metrics_path.exists():

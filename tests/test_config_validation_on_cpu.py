@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_module
 from recipe.one_step_off_async.async_config import (
     AsyncTrainingConfig,
     ConfigError,
+    ElasticConfig,
     check_data_files,
     validate_config,
 )
@@ -22,6 +23,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_asyn
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 PARTS = ("one_step_off_base", "one_step_off_gpu")  # `# @package _global_` pieces of the profiles
 PRIMARY = [name for name in SHIPPED if name not in PARTS]
+ELASTIC = ("async_training.elastic.enable=true",)
 
 
 def compose_config(name: str, *overrides: str):
@@ -119,11 +121,52 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["actor_rollout_ref.rollout.mode=sync"], r"rollout.mode='sync'.*Set actor_rollout_ref.rollout.mode=async"),
         (["algorithm.adv_estimator=remax"], r"adv_estimator=remax"),
         (["actor_rollout_ref.rollout.calculate_log_probs=false"], r"calculate_log_probs=False"),
+        (["async_training.elastic.enable=1"], r"async_training.elastic.enable=1 must be true or false"),
+        (["async_training.elastic.min_replicas=0"], r"elastic.min_replicas=0 must be an integer >= 1"),
+        (["async_training.elastic.max_replicas=0"], r"elastic.max_replicas=0 must be an integer >= 1, or null"),
+        (["async_training.elastic.start_timeout_s=0"], r"elastic.start_timeout_s=0 must be a positive"),
+        (["+async_training.elastic.max_replica=2"], r"Unknown key\(s\) async_training.elastic.max_replica;"),
+        (
+            [*ELASTIC, "async_training.elastic.min_replicas=2"],
+            r"min_replicas=2 is more than the 1 replica\(s\) the run starts with",
+        ),
+        (
+            [*ELASTIC, "actor_rollout_ref.rollout.n_gpus_per_node=3", "async_training.elastic.max_replicas=2"],
+            r"max_replicas=2 is less than the 3 replica\(s\) the run starts with",
+        ),
     ],
 )
 def test_bad_config_names_the_key_and_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(compose_config("one_step_off_ppo_cpu", *overrides))
+
+
+def test_elastic_mode_parses_and_is_off_by_default():
+    assert validate_config(compose_config("one_step_off_ppo_cpu")).elastic == ElasticConfig(enable=False)
+    parsed = validate_config(
+        compose_config(
+            "one_step_off_ppo_cpu",
+            *ELASTIC,
+            "actor_rollout_ref.rollout.n_gpus_per_node=2",
+            "async_training.elastic.max_replicas=4",
+            "async_training.elastic.min_replicas=2",
+        )
+    )
+    assert parsed.elastic == ElasticConfig(enable=True, min_replicas=2, max_replicas=4, start_timeout_s=1800)
+
+
+def test_elastic_mode_on_gpu_needs_an_nccl_group_rebuilt_when_membership_changes():
+    gpu = ("actor_rollout_ref.model.path=/models/any", *ELASTIC)
+    with pytest.raises(ConfigError, match=r"rebuild_group=true"):
+        validate_config(compose_config("one_step_off_ppo_trainer", *gpu))
+    rebuilt = "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true"
+    assert validate_config(compose_config("one_step_off_ppo_trainer", *gpu, rebuilt)).elastic.enable
+    with pytest.raises(ConfigError, match=r"only gloo, checkpoint, nccl are known to follow"):
+        validate_config(
+            compose_config("one_step_off_ppo_trainer", *gpu, "actor_rollout_ref.rollout.checkpoint_engine.backend=nixl")
+        )
+    with pytest.raises(ConfigError, match=r"elastic.enable=true with async_training.one_gpu=true"):
+        validate_config(compose_config("one_step_off_ppo_1gpu", "actor_rollout_ref.model.path=/models/any", *ELASTIC))
 
 
 def test_gpu_backends_on_a_cpu_trainer_are_rejected():

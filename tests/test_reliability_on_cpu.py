@@ -14,7 +14,7 @@ from collections import Counter
 
 import pandas as pd
 import pytest
-from e2e import run_main
+from e2e import ONE_STEP_OFF_STEPS, run_main
 from faults import ACTOR_WORKER, ROLLOUT_SERVER, failing_generation, frozen_weight_sync, reward_function, start_main
 
 from recipe.one_step_off_async.checkpoint_check import verify_checkpoint
@@ -120,7 +120,7 @@ def test_rollout_frozen_in_the_first_weight_sync_fails_within_the_sync_timeout(t
     assert run.logged_steps() == []
 
 
-def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, demo_assets):
+def test_ctrl_c_stops_the_run_the_last_checkpoint_resumes_and_a_truncated_one_is_named(tmp_path, demo_assets):
     checkpoints = tmp_path / "checkpoints"
     run = start_main(
         tmp_path / "interrupted",
@@ -147,18 +147,32 @@ def test_ctrl_c_stops_the_run_and_the_last_checkpoint_resumes(tmp_path, demo_ass
         tmp_path / "resumed",
         *BOUNDED,
         f"trainer.total_training_steps={last + 2}",
+        "trainer.save_freq=2",
         "trainer.resume_mode=auto",
         checkpoints=checkpoints,
     )
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert sorted(resumed.metrics) == [last + 1, last + 2]
 
+    # The resumed run's last checkpoint, cut short on disk: resuming from it fails, naming the file.
+    shard = checkpoints / f"global_step_{last + 2}" / "actor" / "model_world_size_1_rank_0.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    truncated = run_main(
+        tmp_path / "truncated",
+        *BOUNDED,
+        f"trainer.total_training_steps={last + 4}",
+        "trainer.resume_mode=auto",
+        checkpoints=checkpoints,
+    )
+    assert truncated.returncode != 0
+    assert f"Checkpoint file {shard} is truncated or corrupt" in truncated.output
+    assert truncated.metrics == {}  # never trained from scratch
 
-def test_killed_twice_and_resumed_consumes_the_same_data_in_the_same_order(tmp_path):
-    steps = 8
+
+def test_killed_twice_and_resumed_consumes_the_same_data_in_the_same_order(tmp_path, one_step_off_run):
+    steps = ONE_STEP_OFF_STEPS  # the reference: the shared undisturbed run (conftest.py)
     common = (*BOUNDED, f"trainer.total_training_steps={steps}")
-    reference = run_main(tmp_path / "reference", *common)
-    assert reference.returncode == 0, reference.output[-3000:]
+    assert one_step_off_run.returncode == 0, one_step_off_run.output[-3000:]
 
     rng = random.Random(0)
     checkpoints = tmp_path / "checkpoints"
@@ -180,28 +194,7 @@ def test_killed_twice_and_resumed_consumes_the_same_data_in_the_same_order(tmp_p
     assert final.returncode == 0, final.output[-3000:]
 
     for step in range(1, steps + 1):  # each step's dump is from the last segment that trained it
-        assert Counter(final.prompts(step)) == Counter(reference.prompts(step)), f"step {step}"
-
-
-def test_truncated_checkpoint_fails_resume_naming_the_file(tmp_path):
-    checkpoints = tmp_path / "checkpoints"
-    first = run_main(
-        tmp_path / "first", *BOUNDED, "trainer.total_training_steps=2", "trainer.save_freq=2", checkpoints=checkpoints
-    )
-    assert first.returncode == 0, first.output[-3000:]
-    shard = checkpoints / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt"
-    shard.write_bytes(shard.read_bytes()[:1000])
-
-    resumed = run_main(
-        tmp_path / "resumed",
-        *BOUNDED,
-        "trainer.total_training_steps=4",
-        "trainer.resume_mode=auto",
-        checkpoints=checkpoints,
-    )
-    assert resumed.returncode != 0
-    assert f"Checkpoint file {shard} is truncated or corrupt" in resumed.output
-    assert resumed.metrics == {}  # never trained from scratch
+        assert Counter(final.prompts(step)) == Counter(one_step_off_run.prompts(step)), f"step {step}"
 
 
 def test_reward_function_that_raises_fails_the_run_with_its_exception(tmp_path):

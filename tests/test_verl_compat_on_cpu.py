@@ -163,3 +163,64 @@ def test_fit_and_validate_wait_only_through_the_calls_the_trainer_bounds():
     assert "self.checkpoint_manager.update_weights(self.global_steps)" in fit
     validate = inspect.getsource(RayPPOTrainer._validate)
     assert set(re.findall(r"self\.async_rollout_manager\.(\w+)", validate)) == {"generate_sequences"}
+
+
+# --- the pieces of verl the elastic rollout pool builds on (elastic_pool.py, elastic_client.py) ------------
+
+
+def test_the_load_balancer_forgets_a_removed_server_even_for_a_sticky_request():
+    """A request regenerated after its replica died must not be routed back to it."""
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    balancer = GlobalRequestLoadBalancer(servers={"a": "handle-a"})
+    assert balancer.acquire_server("request") == ("a", "handle-a")
+    balancer.add_servers({"b": "handle-b"})
+    balancer.remove_servers(["a", "a"])  # idempotent: every request that was on it reports it
+    assert balancer.acquire_server("request") == ("b", "handle-b")
+    assert balancer.get_all_servers() == ["b"]
+    balancer.release_server("a")  # a request that finished on a removed server: no error
+    balancer.remove_servers(["b"])
+    with pytest.raises(RuntimeError, match="No available servers"):
+        balancer.acquire_server("request")
+
+
+def test_the_checkpoint_manager_syncs_exactly_the_replicas_it_holds():
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+
+    manager = object.__new__(CheckpointEngineManager)  # no actor group: only the membership calls
+    manager.replicas = ["r0", "r1"]
+    manager.add_replicas(["r2"])
+    manager.remove_replicas(["r0"])
+    assert manager.replicas == ["r1", "r2"]
+    update = inspect.getsource(CheckpointEngineManager.update_weights)
+    assert "for replica in self.replicas:" in update
+
+
+def test_the_llm_client_routes_through_acquire_server_and_returns_the_servers_extra_fields():
+    """ElasticLLMServerClient learns the serving replica in _acquire_server and stamps extra_fields."""
+    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+    from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
+
+    generate = inspect.getsource(LLMServerClient.generate)
+    assert "await self._acquire_server(" in generate and "await server.generate.remote(" in generate
+    assert "client_cls(" in inspect.getsource(LLMServerManager.get_client)
+    assert "extra_fields=output.extra_fields" in inspect.getsource(SingleTurnAgentLoop.run)
+
+
+def test_standalone_replicas_are_placed_as_the_pool_expects():
+    """replicas_that_fit assumes {"CPU": 2, device: 1} per device; _abandon_start finds a group by name."""
+    from verl.workers.rollout.replica import RolloutReplica
+
+    standalone = inspect.getsource(RolloutReplica.init_standalone)
+    assert 'resource_pool_name = f"rollout_pool_{self.replica_rank}{self.name_suffix}"' in standalone
+    assert "max_colocate_count=2" in standalone
+    groups = inspect.getsource(verl.single_controller.ray.base.RayResourcePool.get_placement_groups)
+    assert 'bundle = {"CPU": self.max_colocate_count}' in groups and "bundle[device_name] = 1" in groups
+    assert 'f"{self.name_prefix}verl_group_' in groups
+
+
+def test_ray_applies_its_local_token_rule_through_the_function_the_scale_command_calls():
+    from ray._private.authentication import authentication_token_setup
+
+    params = inspect.signature(authentication_token_setup.maybe_enable_token_auth_if_token_available).parameters
+    assert "warn_if_disabled" in params

@@ -32,6 +32,64 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ElasticConfig:
+    """``async_training.elastic``: the rollout pool survives lost replicas and takes in new ones."""
+
+    enable: bool = field(
+        default=False,
+        metadata={
+            "help": "A rollout replica that dies is dropped and its requests are generated again on the others; "
+            "replicas can be added or removed while the job runs (python -m recipe.one_step_off_async.scale). "
+            "false: a lost replica fails the run."
+        },
+    )
+    min_replicas: int = field(
+        default=1,
+        metadata={"help": "Fewer live replicas than this fails the run, naming the replicas that were lost."},
+    )
+    max_replicas: int | None = field(
+        default=None,
+        metadata={
+            "help": "Grow the pool up to this many replicas whenever the Ray cluster has room for one more (a "
+            "node joined). null: only the scale command adds replicas."
+        },
+    )
+    start_timeout_s: float = field(
+        default=1800.0,
+        metadata={"help": "Longest a new replica may take to be placed and load its engine; then it is abandoned."},
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable, bool):
+            raise ConfigError(f"async_training.elastic.enable={self.enable!r} must be true or false.")
+        if not _is_count(self.min_replicas) or self.min_replicas < 1:
+            raise ConfigError(f"async_training.elastic.min_replicas={self.min_replicas!r} must be an integer >= 1.")
+        if self.max_replicas is not None and (not _is_count(self.max_replicas) or self.max_replicas < 1):
+            raise ConfigError(
+                f"async_training.elastic.max_replicas={self.max_replicas!r} must be an integer >= 1, or null "
+                "(no automatic growth)."
+            )
+        if not self.start_timeout_s > 0:
+            raise ConfigError(
+                f"async_training.elastic.start_timeout_s={self.start_timeout_s!r} must be a positive number of seconds."
+            )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _from_section(cls: type, values: dict, prefix: str):
+    unknown = set(values) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(
+            f"Unknown key(s) {prefix}{f', {prefix}'.join(sorted(unknown))}; "
+            f"known keys: {', '.join(cls.__dataclass_fields__)}."
+        )
+    return cls(**values)
+
+
+@dataclass(frozen=True)
 class AsyncTrainingConfig:
     """``async_training``: how far generation runs ahead of training, and how long to wait."""
 
@@ -64,6 +122,7 @@ class AsyncTrainingConfig:
         default=600.0,
         metadata={"help": "Longest one actor -> rollout weight sync may take before failing the run."},
     )
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
@@ -88,13 +147,11 @@ class AsyncTrainingConfig:
         if section is None:
             return cls()
         values = OmegaConf.to_container(section, resolve=True)
-        unknown = set(values) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(
-                f"Unknown key(s) async_training.{', async_training.'.join(sorted(unknown))}; "
-                f"known keys: {', '.join(cls.__dataclass_fields__)}."
-            )
-        return cls(**values)
+        elastic = values.pop("elastic", None) or {}
+        if not isinstance(elastic, dict):
+            raise ConfigError(f"async_training.elastic={elastic!r} must be a section (enable, min_replicas, ...).")
+        values["elastic"] = _from_section(ElasticConfig, elastic, "async_training.elastic.")
+        return _from_section(cls, values, "async_training.")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -202,6 +259,8 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         "on CPU, or trainer.device=cuda with rollout.name=vllm on GPUs.",
     )
 
+    _check_elastic(async_config, rollout, rollout_devices // rollout_world)
+
     _require(
         not config.reward.reward_model.enable,
         "reward.reward_model.enable=true: a model-based reward needs a resource pool of its own, which this "
@@ -222,6 +281,48 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
 
     validate_policy_loss(config)
     return async_config
+
+
+# Weight-sync backends that follow a change of the rollout pool's membership from one sync to the next:
+# gloo and checkpoint (tested on CPU), nccl with rebuild_group (a new group every sync; not run on GPUs yet).
+ELASTIC_CHECKPOINT_ENGINES = ("gloo", "checkpoint", "nccl")
+
+
+def _check_elastic(async_config: AsyncTrainingConfig, rollout: DictConfig, replicas: int) -> None:
+    elastic = async_config.elastic
+    if not elastic.enable:
+        return
+    key = "async_training.elastic"
+    _require(
+        not async_config.one_gpu,
+        f"{key}.enable=true with async_training.one_gpu=true: both pools share one GPU, so there is no room for "
+        f"another replica and nothing to fail over to. Set {key}.enable=false.",
+    )
+    _require(
+        elastic.min_replicas <= replicas,
+        f"{key}.min_replicas={elastic.min_replicas} is more than the {replicas} replica(s) the run starts with "
+        "(actor_rollout_ref.rollout.nnodes x n_gpus_per_node / replica size); lower it.",
+    )
+    _require(
+        elastic.max_replicas is None or elastic.max_replicas >= replicas,
+        f"{key}.max_replicas={elastic.max_replicas} is less than the {replicas} replica(s) the run starts with; "
+        "raise it, or set it to null to grow only on the scale command.",
+    )
+    backend = rollout.checkpoint_engine.backend
+    _require(
+        backend in ELASTIC_CHECKPOINT_ENGINES,
+        f"{key}.enable=true with checkpoint_engine.backend={backend!r}: only "
+        f"{', '.join(ELASTIC_CHECKPOINT_ENGINES)} are known to follow a rollout pool that changes between syncs.",
+    )
+    if backend == "nccl":
+        kwargs = OmegaConf.select(rollout, "checkpoint_engine.engine_kwargs.nccl", default=None) or {}
+        _require(
+            bool(kwargs.get("rebuild_group", False)),
+            f"{key}.enable=true with the nccl engine: verl's NCCL engine keeps its group across syncs and asserts "
+            "the old world size when a replica leaves or joins. Add "
+            "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true (the group is "
+            "then rebuilt on every sync: seconds per sync on large pools).",
+        )
 
 
 def check_data_files(config: DictConfig) -> None:

@@ -12,7 +12,9 @@ decide where a batch comes from and when weights move:
 - ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k, so
   no sequence ever mixes two weight versions (every ``sync_interval`` steps, and on validation and
   checkpoint steps);
-- checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
+- checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next;
+- in elastic mode (``elastic_pool.py``) every step boundary applies the rollout pool's changes (lost,
+  added, removed replicas), and the sync steps, when no generation runs, change who gets weights.
 
 staleness 0 is the synchronous baseline on the same pools and the same code: one queue slot.
 
@@ -27,6 +29,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import ray
 import torch
 from omegaconf import DictConfig, open_dict
 from verl import DataProto
@@ -91,6 +94,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         )
         self._first_step = 1
         self._clock_origin = time.time()
+        self.rollout_pool = None  # ElasticRolloutPool with async_training.elastic.enable
 
     # ------------------------------------------------------------------ workers
 
@@ -104,6 +108,23 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     def init_workers(self) -> None:
         super().init_workers()
         self._bound_manager_calls()
+        if self.async_config.elastic.enable:
+            from verl.plugin.platform import get_platform
+
+            from recipe.one_step_off_async.elastic_pool import ElasticRolloutPool
+
+            self.rollout_pool = ElasticRolloutPool(
+                self.async_config.elastic,
+                self.llm_server_manager,
+                self.checkpoint_manager,
+                self._pool_controller,
+                device_resource=get_platform().ray_resource_name(),
+            )
+            print(
+                f"[elastic] {len(self.rollout_pool.live)} rollout replica(s). Add or remove replicas while it runs: "
+                "python -m recipe.one_step_off_async.scale --add 1 (or --remove 1, --status) --address "
+                f"{ray.get_runtime_context().gcs_address} --experiment {self.config.trainer.experiment_name}"
+            )
 
     def _bound_manager_calls(self) -> None:
         # verl's fit() syncs v_0 and _validate() generates on this thread with no deadline: bound every call.
@@ -122,12 +143,20 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         if self.config.actor_rollout_ref.rollout.name == "hf":
             import recipe.one_step_off_async.cpu.hf_replica  # noqa: F401  (registers "hf" with verl)
 
+        client_options = {}
+        if self.async_config.elastic.enable:
+            from recipe.one_step_off_async.elastic_client import ElasticLLMServerClient
+            from recipe.one_step_off_async.pool_controller import start_controller
+
+            # Before any replica loads: a second job under the same name fails here, in seconds.
+            self._pool_controller = start_controller(self.config.trainer.experiment_name)
+            client_options = {"client_cls": ElasticLLMServerClient, "controller": self._pool_controller}
         # Standalone replicas on their own pool: LLMServerManager gets no worker group.
         self.llm_server_manager = LLMServerManager.create(config=self.config)
         self.async_rollout_mode = True
         self.async_rollout_manager = AgentLoopManager.create(
             config=self.config,
-            llm_client=self.llm_server_manager.get_client(),
+            llm_client=self.llm_server_manager.get_client(**client_options),
             reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
         )
 
@@ -139,6 +168,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             self._shutdown_dump_executor()  # the last step's rollout dump lands before the process ends
         finally:
             self.train_dataloader.close()
+            if self.rollout_pool is not None:
+                self.rollout_pool.close()
             if self.progress_bar is not None:
                 self.progress_bar.close()
 
@@ -160,13 +191,15 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         return in_flight
 
     def _fit_generate(self, in_flight: InFlightBatch) -> DataProto:
-        with marked_timer("wait_prev_gen", self.timing_raw):
+        with marked_timer("wait_prev_gen", self.timing_raw), self._named_pool_loss(in_flight.step):
             generated = in_flight.result(timeout_s=self.async_config.generation_timeout_s)
         ready_at = time.time()
         output = generated.output
         self.timing_raw["gen"] = generated.seconds
         self.timing_raw.update(output.meta_info.pop("timing", {}))
         self._record_weight_version(in_flight.step, output)
+        if self.rollout_pool is not None:
+            self.metrics.update(self.rollout_pool.batch_metrics(output))
         self.metrics.update(
             {
                 "timeline/gen_start": generated.started_at - self._clock_origin,
@@ -231,15 +264,22 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     def _fit_update_weights(self) -> None:
         train_end = time.time()
         sync_start = sync_end = train_end
-        synced = self._syncs_at(self.global_steps)
+        step, pool = self.global_steps, self.rollout_pool
+        synced = self._syncs_at(step)
+        if pool is not None:
+            pool.poll(step)  # losses, scale requests, replicas that came up
         if synced:
             # Generations launched with the previous weights finish before the new ones arrive.
-            with marked_timer("wait_prev_gen", self.timing_raw):
+            with marked_timer("wait_prev_gen", self.timing_raw), self._named_pool_loss(step + 1):
                 self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
+            if pool is not None:
+                pool.before_sync(step)  # idle: the pool's membership may change now
             sync_start = time.time()
-            with marked_timer("sync_weights", self.timing_raw):
-                self.metrics.update(self.checkpoint_manager.update_weights(self.global_steps) or {})
+            with marked_timer("sync_weights", self.timing_raw), self._named_pool_loss(step):
+                self.metrics.update(self.checkpoint_manager.update_weights(step) or {})
             sync_end = time.time()
+            if pool is not None:
+                pool.after_sync(step)  # replicas that got v_step take requests from now on
         else:
             self.timing_raw["sync_weights"] = 0.0  # between syncs (sync_interval > 1) the rollout keeps its weights
         self.metrics.update(
@@ -252,6 +292,20 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
                 "async/gen_in_step_s": self.train_dataloader.busy_seconds(self._step_started_at, sync_end),
             }
         )
+        if pool is not None:
+            self.metrics.update(pool.metrics())
+            pool.publish(step)
+
+    @contextlib.contextmanager
+    def _named_pool_loss(self, step: int) -> Iterator[None]:
+        """In elastic mode, a generation or sync that failed because too few replicas are left fails by that name."""
+        try:
+            yield
+        except Exception as error:
+            lost = self.rollout_pool.explain_failure(step) if self.rollout_pool is not None else None
+            if lost is not None:
+                raise lost from error
+            raise
 
     def _record_weight_version(self, step: int, output: DataProto) -> None:
         """Check the versions the rollout reports against the contract; log the measured staleness."""

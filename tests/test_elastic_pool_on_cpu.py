@@ -1,0 +1,503 @@
+"""The elastic rollout pool's parts, without a trainer: membership, failover of requests, the mailbox, the CLI.
+
+``ElasticRolloutPool`` runs against verl's real ``GlobalRequestLoadBalancer`` and the recipe's real
+``RolloutPoolController`` (both Ray actors); replicas, the checkpoint manager, starting and killing
+replicas are stand-ins that record what the pool asked of them. ``ElasticLLMServerClient`` runs
+against real server actors that die. The end-to-end runs are in ``test_elastic_on_cpu.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from verl import DataProto
+
+from recipe.one_step_off_async.async_config import ElasticConfig
+from recipe.one_step_off_async.elastic_client import (
+    REGENERATED,
+    SERVED_BY,
+    ElasticLLMServerClient,
+    RolloutPoolLostError,
+)
+from recipe.one_step_off_async.elastic_pool import ElasticRolloutPool, replicas_that_fit
+from recipe.one_step_off_async.pool_controller import RolloutPoolController, ScaleRequest
+
+# --- replicas_that_fit: pure --------------------------------------------------------------------
+
+
+def test_a_gpu_replica_needs_its_devices_and_verls_two_cpus_per_device_on_one_node():
+    nodes = {"a": {"GPU": 4.0, "CPU": 16.0}, "b": {"GPU": 2.0, "CPU": 3.0}, "c": {"CPU": 64.0}}
+    assert replicas_that_fit(nodes, "GPU", devices_per_node=2, nodes=1) == 2  # a: 2, b: CPU-bound 0, c: no GPU
+    assert replicas_that_fit(nodes, "GPU", devices_per_node=1, nodes=1) == 5  # a: 4, b: 1
+    assert replicas_that_fit({}, "GPU", devices_per_node=1, nodes=1) == 0
+
+
+def test_on_cpu_the_device_is_the_cpu_and_multi_node_replicas_need_that_many_nodes():
+    assert replicas_that_fit({"a": {"CPU": 3.5}}, "CPU", devices_per_node=1, nodes=1) == 3
+    nodes = {name: {"GPU": 8.0, "CPU": 32.0} for name in "abc"}
+    assert replicas_that_fit(nodes, "GPU", devices_per_node=8, nodes=2) == 1
+
+
+# --- the controller: a plain class, tested without Ray ---------------------------------------------
+
+
+def test_the_controller_queues_requests_until_the_trainer_takes_them():
+    controller = RolloutPoolController()
+    first, second = controller.request(add=1), controller.request(remove=2)
+    assert controller.outcome(first)["state"] == "queued"
+    assert controller.take_requests() == [ScaleRequest(first, 1, 0), ScaleRequest(second, 0, 2)]
+    assert controller.take_requests() == []
+    controller.resolve(first, "done", "replica 3 joined at step 4 with v4")
+    assert controller.status()["requests"][first]["detail"] == "replica 3 joined at step 4 with v4"
+    with pytest.raises(ValueError, match="at least one replica"):
+        controller.request()
+    with pytest.raises(ValueError, match="at least one replica"):
+        controller.request(add=-1, remove=1)
+    with pytest.raises(KeyError, match="no scale request 99"):
+        controller.outcome(99)
+
+
+def test_the_controller_reports_each_lost_replica_once_however_many_requests_saw_it_die():
+    controller = RolloutPoolController()
+    for reason in ("ActorDiedError: died", "second", "third"):
+        controller.report_lost("hf://a", reason)
+    assert controller.take_lost() == {"hf://a": "ActorDiedError: died"}
+    assert controller.take_lost() == {}
+
+
+# --- the pool against verl's load balancer and the recipe's controller (Ray actors) ----------------
+
+
+@dataclass(eq=False)
+class FakeReplica:
+    """What the pool reads of a verl RolloutReplica."""
+
+    replica_rank: int
+    server_address: str = ""
+    server_handle: str = ""
+    workers: list = field(default_factory=list)
+    servers: list = field(default_factory=list)
+    resource_pool: object = None
+    gpus_per_replica_node: int = 1
+    nnodes: int = 1
+
+    def __post_init__(self) -> None:
+        self.server_address = self.server_address or f"hf://replica-{self.replica_rank}"
+        self.server_handle = f"handle-{self.replica_rank}"
+
+
+class FakeReplicaClass(FakeReplica):
+    def __init__(self, replica_rank, config, model_config, gpus_per_node):
+        super().__init__(replica_rank)
+
+
+class FakeServerManager:
+    rollout_replica_class = FakeReplicaClass
+
+    def __init__(self, replicas, load_balancer):
+        self.rollout_replicas = replicas
+        self.server_handles = [r.server_handle for r in replicas]
+        self.server_addresses = [r.server_address for r in replicas]
+        self.global_load_balancer = load_balancer
+        self.rollout_config = OmegaConf.create({"n_gpus_per_node": 1})
+        self.model_config = OmegaConf.create({})
+
+
+class FakeCheckpointManager:
+    def __init__(self, replicas):
+        self.replicas = replicas
+        self.calls = []
+
+    def add_replicas(self, replicas):
+        self.calls.append(("add", [r.replica_rank for r in replicas]))
+        self.replicas.extend(replicas)
+
+    def remove_replicas(self, replicas):
+        self.calls.append(("remove", [r.replica_rank for r in replicas]))
+        self.replicas = [r for r in self.replicas if r not in replicas]
+
+
+class InProcessActor:
+    """An actor handle whose ``method.remote(...)`` runs the method in this process and returns an ObjectRef.
+
+    The real classes (verl's load balancer, the recipe's controller), without a worker process each.
+    """
+
+    def __init__(self, instance) -> None:
+        self._instance = instance
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        import ray
+
+        method = getattr(self._instance, name)
+        return SimpleNamespace(remote=lambda *args, **kwargs: ray.put(method(*args, **kwargs)))
+
+
+def load_balancer(servers: dict) -> InProcessActor:
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    return InProcessActor(GlobalRequestLoadBalancer(servers=servers))
+
+
+class Harness:
+    """An ElasticRolloutPool of ``replicas`` live replicas, with every side effect recorded."""
+
+    def __init__(self, ray, replicas=2, free=None, start=None, **settings):
+        self.ray = ray
+        self.replicas = [FakeReplica(rank) for rank in range(replicas)]
+        self.load_balancer = load_balancer({r.server_address: r.server_handle for r in self.replicas})
+        self.controller = InProcessActor(RolloutPoolController())
+        self.servers = FakeServerManager(self.replicas, self.load_balancer)
+        self.checkpoints = FakeCheckpointManager(self.servers.rollout_replicas)  # verl shares the list
+        self.free = free if free is not None else {}
+        self.dead: dict[int, str] = {}
+        self.shut: list[int] = []
+        self.pool = ElasticRolloutPool(
+            ElasticConfig(enable=True, **settings),
+            self.servers,
+            self.checkpoints,
+            self.controller,
+            device_resource="CPU",
+            free_resources=lambda: self.free,
+            start_replica=start or (lambda replica: replica),
+            shut_down=lambda replica: self.shut.append(replica.replica_rank),
+            find_dead=lambda replicas: {
+                r.replica_rank: why for r in replicas if (why := self.dead.get(r.replica_rank))
+            },
+        )
+
+    def balanced(self) -> list[str]:
+        return sorted(self.ray.get(self.load_balancer.get_all_servers.remote()))
+
+    def outcome(self, request_id: int) -> dict:
+        return self.ray.get(self.controller.outcome.remote(request_id))
+
+    def request(self, **counts) -> int:
+        return self.ray.get(self.controller.request.remote(**counts))
+
+    def poll_until_started(self, step: int, timeout_s: float = 10) -> None:
+        self.pool.poll(step)
+        deadline = time.monotonic() + timeout_s
+        while self.pool._starting and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self.pool.poll(step)
+
+
+def test_a_lost_replica_leaves_the_weight_syncs_and_is_shut_down_at_the_next_step_boundary(cpu_ray):
+    h = Harness(cpu_ray)
+    # What ElasticLLMServerClient does when a request dies with its replica:
+    cpu_ray.get(h.load_balancer.remove_servers.remote(["hf://replica-1"]))
+    cpu_ray.get(h.controller.report_lost.remote("hf://replica-1", "ActorDiedError: killed"))
+    h.pool.poll(3)
+    assert list(h.pool.live) == ["hf://replica-0"]
+    assert h.checkpoints.calls == [("remove", [1])] and [r.replica_rank for r in h.checkpoints.replicas] == [0]
+    assert h.shut == [1]
+    assert h.servers.server_addresses == ["hf://replica-0"] and h.servers.rollout_replicas == [h.replicas[0]]
+    assert str(h.pool.lost[0]) == "replica 1 (hf://replica-1) lost at step 3: ActorDiedError: killed"
+    assert h.pool.metrics()["async/rollout_replicas"] == 1.0
+    assert h.pool.metrics()["async/rollout_replicas_lost"] == 1.0
+
+
+def test_losing_the_last_replica_fails_naming_every_loss(cpu_ray):
+    h = Harness(cpu_ray, replicas=2)
+    cpu_ray.get(h.controller.report_lost.remote("hf://replica-0", "ActorDiedError: killed"))
+    h.pool.poll(2)  # one left: the run goes on
+    cpu_ray.get(h.controller.report_lost.remote("hf://replica-1", "ActorDiedError: killed"))
+    error = h.pool.explain_failure(5)  # the generation of step 5 failed
+    assert isinstance(error, RolloutPoolLostError)
+    message = str(error)
+    assert "down to 0 live replica(s) at step 5" in message and "min_replicas=1" in message
+    assert (
+        "replica 0 (hf://replica-0) lost at step 2" in message
+        and "replica 1 (hf://replica-1) lost at step 5" in message
+    )
+    with pytest.raises(RolloutPoolLostError):
+        h.pool.poll(6)
+
+
+def test_a_generation_failure_with_replicas_left_is_not_renamed(cpu_ray):
+    assert Harness(cpu_ray).pool.explain_failure(1) is None
+
+
+def test_min_replicas_fails_the_run_before_the_pool_is_empty(cpu_ray):
+    h = Harness(cpu_ray, replicas=3, min_replicas=3)
+    cpu_ray.get(h.controller.report_lost.remote("hf://replica-2", "ActorDiedError: killed"))
+    with pytest.raises(RolloutPoolLostError, match="down to 2 live replica.*min_replicas=3"):
+        h.pool.poll(1)
+
+
+def test_a_replica_that_died_while_the_pool_was_idle_is_dropped_before_the_sync(cpu_ray):
+    h = Harness(cpu_ray)
+    h.dead[0] = "ActorDiedError: node lost"
+    h.pool.before_sync(4)
+    assert list(h.pool.live) == ["hf://replica-1"] and h.balanced() == ["hf://replica-1"]
+    assert h.checkpoints.calls == [("remove", [0])] and h.shut == [0]
+    assert "found dead before the weight sync (ActorDiedError: node lost)" in str(h.pool.lost[0])
+
+
+def test_an_added_replica_gets_the_weights_at_the_next_sync_and_only_then_takes_requests(cpu_ray):
+    h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 1.0}})
+    request = h.request(add=1)
+    h.poll_until_started(2)
+    assert h.outcome(request)["state"] == "in progress"
+    assert h.balanced() == ["hf://replica-0"]  # up, but not serving: it has no weights yet
+    assert h.pool.metrics()["async/rollout_replicas_joining"] == 1.0
+    h.pool.before_sync(3)
+    assert h.checkpoints.calls == [("add", [1])]  # this sync (v3) reaches it
+    assert h.balanced() == ["hf://replica-0"]
+    h.pool.after_sync(3)
+    assert h.balanced() == ["hf://replica-0", "hf://replica-1"]
+    assert h.servers.server_addresses == ["hf://replica-0", "hf://replica-1"]
+    outcome = h.outcome(request)
+    assert outcome["state"] == "done" and "replica 1 joined at step 3 with v3" in outcome["detail"]
+    assert h.pool.metrics()["async/rollout_replicas"] == 2.0
+    assert h.pool.metrics()["async/rollout_replicas_joined"] == 1.0
+
+
+def test_an_add_without_room_in_the_cluster_is_refused(cpu_ray):
+    h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 0.5}})
+    request = h.request(add=1)
+    h.pool.poll(1)
+    outcome = h.outcome(request)
+    assert outcome["state"] == "refused" and "free resources for 0 more replica(s)" in outcome["detail"]
+    assert not h.pool._starting
+
+
+def test_an_add_larger_than_the_room_starts_what_fits(cpu_ray):
+    h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 1.0}})
+    request = h.request(add=3)
+    h.poll_until_started(1)
+    assert "for 1 more replica(s)" in h.outcome(request)["detail"]
+    h.pool.before_sync(2)
+    h.pool.after_sync(2)
+    assert h.outcome(request)["state"] == "partial" and len(h.pool.live) == 2
+    assert [r.replica_rank for r in h.checkpoints.replicas] == [0, 1]  # the sync manager holds both
+
+
+def test_a_removed_replica_takes_no_new_requests_and_is_shut_down_at_the_next_sync(cpu_ray):
+    h = Harness(cpu_ray, replicas=3)
+    request = h.request(remove=1)
+    h.pool.poll(5)
+    assert h.balanced() == ["hf://replica-0", "hf://replica-1"]  # the most recently started goes
+    assert h.checkpoints.calls == [("remove", [2])] and h.shut == []  # requests on it may still run
+    assert h.outcome(request)["state"] == "in progress"
+    h.pool.before_sync(6)
+    assert h.shut == [2]
+    assert h.outcome(request)["state"] == "done"
+    refused = h.request(remove=2)
+    h.pool.poll(7)
+    assert h.outcome(refused)["state"] == "refused" and "min_replicas=1" in h.outcome(refused)["detail"]
+    assert len(h.pool.live) == 2
+
+
+def test_the_pool_grows_into_a_node_that_joins_one_replica_at_a_time_up_to_max_replicas(cpu_ray):
+    h = Harness(cpu_ray, replicas=1, max_replicas=3)
+    h.pool.poll(1)
+    assert not h.pool._starting  # no room yet
+    h.free = {"new-node": {"CPU": 4.0}}  # a node joins the cluster
+    for step in (2, 3, 4, 5):
+        h.poll_until_started(step)
+        h.pool.before_sync(step)
+        h.pool.after_sync(step)
+    assert len(h.pool.live) == 3
+    h.poll_until_started(6)
+    assert len(h.pool.live) == 3 and not h.pool._starting and not h.pool._joining
+
+
+def test_a_replica_that_fails_to_start_fails_its_request_and_the_run_goes_on(cpu_ray):
+    def broken(replica):
+        raise RuntimeError("vLLM could not allocate the KV cache")
+
+    h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 1.0}}, start=broken)
+    request = h.request(add=1)
+    h.poll_until_started(1)
+    outcome = h.outcome(request)
+    assert outcome["state"] == "failed" and "could not allocate the KV cache" in outcome["detail"]
+    assert len(h.pool.live) == 1
+
+
+def test_a_start_slower_than_start_timeout_is_abandoned(cpu_ray):
+    release = threading.Event()
+    h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 1.0}}, start=lambda r: release.wait(), start_timeout_s=0.2)
+    request = h.request(add=1)
+    h.pool.poll(1)
+    time.sleep(0.4)
+    h.pool.poll(2)
+    release.set()
+    outcome = h.outcome(request)
+    assert (
+        outcome["state"] == "failed"
+        and "not up within async_training.elastic.start_timeout_s=0.2 s" in outcome["detail"]
+    )
+    assert not h.pool._starting and not h.pool._joining
+
+
+def test_a_replica_up_and_waiting_for_its_first_sync_counts_toward_min_replicas(cpu_ray):
+    h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 1.0}})
+    h.request(add=1)
+    h.poll_until_started(1)
+    cpu_ray.get(h.controller.report_lost.remote("hf://replica-0", "ActorDiedError: killed"))
+    h.pool.before_sync(1)  # the new replica gets v1 in this sync: the run can go on
+    h.pool.after_sync(1)
+    assert list(h.pool.live) == ["hf://replica-1"] and h.balanced() == ["hf://replica-1"]
+
+
+def test_batch_metrics_count_the_requests_each_replica_served_and_those_regenerated(cpu_ray):
+    h = Harness(cpu_ray)
+    output = DataProto.from_dict(
+        non_tensors={
+            SERVED_BY: np.array(["hf://replica-0"] * 3 + ["hf://replica-1"], dtype=object),
+            REGENERATED: np.array([0, 1, 2, 0], dtype=object),
+        }
+    )
+    assert h.pool.batch_metrics(output) == {
+        "async/replica_requests/0": 3.0,
+        "async/replica_requests/1": 1.0,
+        "async/regenerated_requests": 2.0,
+    }
+
+
+# --- the client: a request whose replica dies is generated again on a survivor ---------------------
+
+
+@pytest.fixture(scope="module")
+def ray_shipping_servers(cpu_ray):
+    """The session's Ray, with this module's ``Server`` shipped by value: workers cannot import a test module."""
+    cpu_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield cpu_ray
+    cpu_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+class Server:
+    """A rollout server that answers every request, stamping its weight version."""
+
+    def __init__(self, behaviour: str = "answer") -> None:
+        self.behaviour = behaviour
+
+    async def generate(self, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if self.behaviour == "die":
+            os._exit(1)  # the process is gone, as after the OOM killer
+        if self.behaviour == "raise":
+            raise ValueError("the prompt is longer than the model's context")
+        return TokenOutput(token_ids=[7, 8], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 3})
+
+
+@pytest.fixture(scope="module")
+def servers(ray_shipping_servers):
+    """Server actors that outlive a test (a dying one is made per test)."""
+    ray = ray_shipping_servers
+    return {behaviour: ray.remote(Server).remote(behaviour) for behaviour in ("answer", "raise")}
+
+
+def _client_and_pool(ray, servers, behaviours: dict[str, str]):
+    handles = {address: ray.remote(Server).remote(b) if b == "die" else servers[b] for address, b in behaviours.items()}
+    first = next(iter(handles))
+    balancer = load_balancer({first: handles[first]})
+    ray.get(balancer.acquire_server.remote("request-1"))  # "request-1" sticks to the first server
+    ray.get(balancer.release_server.remote(first))
+    ray.get(balancer.add_servers.remote({a: h for a, h in handles.items() if a != first}))
+    controller = InProcessActor(RolloutPoolController())
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "hf"}}})
+    return ElasticLLMServerClient(config, balancer, controller=controller), balancer, controller
+
+
+def _generate(ray, client):
+    import asyncio
+
+    return asyncio.run(client.generate("request-1", prompt_ids=[1, 2, 3], sampling_params={"temperature": 1.0}))
+
+
+def test_a_request_whose_replica_dies_is_generated_again_on_a_survivor(ray_shipping_servers, servers):
+    cpu_ray = ray_shipping_servers
+    client, balancer, controller = _client_and_pool(cpu_ray, servers, {"hf://dying": "die", "hf://healthy": "answer"})
+    output = _generate(cpu_ray, client)
+    assert output.token_ids == [7, 8]
+    assert output.extra_fields[SERVED_BY] == "hf://healthy" and output.extra_fields[REGENERATED] == 1
+    assert output.extra_fields["min_global_steps"] == output.extra_fields["max_global_steps"] == 3
+    assert cpu_ray.get(balancer.get_all_servers.remote()) == ["hf://healthy"]
+    lost = cpu_ray.get(controller.take_lost.remote())
+    assert list(lost) == ["hf://dying"] and lost["hf://dying"].startswith("ActorDiedError")
+
+
+def test_a_request_with_no_replica_left_fails_naming_the_lost_ones(ray_shipping_servers, servers):
+    cpu_ray = ray_shipping_servers
+    client, balancer, _ = _client_and_pool(cpu_ray, servers, {"hf://only": "die"})
+    with pytest.raises(RolloutPoolLostError, match="no rollout replica is left.*hf://only"):
+        _generate(cpu_ray, client)
+
+
+def test_a_request_that_outlives_three_replicas_is_not_sent_to_a_fourth(ray_shipping_servers, servers):
+    cpu_ray = ray_shipping_servers
+    behaviours = {"hf://a": "die", "hf://b": "die", "hf://c": "die", "hf://healthy": "answer"}
+    client, balancer, _ = _client_and_pool(cpu_ray, servers, behaviours)
+    cpu_ray.get(balancer.remove_servers.remote(["hf://healthy"]))  # the dying ones are picked first
+    with pytest.raises(RolloutPoolLostError, match="3 rollout replicas died while generating it"):
+        _generate(cpu_ray, client)
+
+
+def test_an_error_raised_by_a_live_replica_is_not_retried(ray_shipping_servers, servers):
+    cpu_ray = ray_shipping_servers
+    client, balancer, controller = _client_and_pool(
+        cpu_ray, servers, {"hf://strict": "raise", "hf://healthy": "answer"}
+    )
+    with pytest.raises(cpu_ray.exceptions.RayTaskError, match="longer than the model's context"):
+        _generate(cpu_ray, client)
+    assert sorted(cpu_ray.get(balancer.get_all_servers.remote())) == ["hf://healthy", "hf://strict"]
+    assert cpu_ray.get(controller.take_lost.remote()) == {}
+
+
+# --- naming the job's controller, and the scale command -----------------------------------------
+
+
+def test_two_jobs_cannot_share_an_experiment_name_and_the_scale_command_finds_each(cpu_ray):
+    from recipe.one_step_off_async.pool_controller import find_controller, start_controller
+
+    with pytest.raises(LookupError, match="0 elastic one-step-off jobs"):
+        find_controller(None)
+    first = start_controller("exp-a")
+    cpu_ray.get(first.status.remote())
+    with pytest.raises(ValueError, match="already runs an elastic rollout pool named 'rollout_pool:exp-a'"):
+        start_controller("exp-a")
+    assert find_controller(None)[0] == "exp-a"
+    second = start_controller("exp-b")
+    cpu_ray.get(second.status.remote())
+    with pytest.raises(LookupError, match="2 elastic one-step-off jobs.*exp-a, exp-b.*--experiment"):
+        find_controller(None)
+    assert find_controller("exp-b")[0] == "exp-b"
+    with pytest.raises(LookupError, match="No elastic one-step-off job named 'exp-c'"):
+        find_controller("exp-c")
+    for actor in (first, second):
+        cpu_ray.kill(actor)
+
+
+def test_the_scale_command_gives_up_on_an_unreachable_cluster_within_its_timeout():
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.one_step_off_async.scale", "--status", "--address", "127.0.0.1:9"]
+        + ["--connect-timeout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Could not join the Ray cluster at '127.0.0.1:9'" in result.stderr
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("argv", [["--add", "0"], ["--remove", "-1"], ["--add", "1", "--remove", "1"], []])
+def test_the_scale_command_rejects_bad_arguments(argv):
+    from recipe.one_step_off_async.scale import _parse
+
+    with pytest.raises(SystemExit):
+        _parse(argv)
