@@ -174,8 +174,10 @@ class ElasticRolloutPool:
         self._leaving: list[tuple[RolloutReplica, int]] = []
         self.lost: list[LostReplica] = []
         self._next_rank = max((r.replica_rank for r in self.live.values()), default=-1) + 1
+        first = llm_server_manager.rollout_replicas[0]  # every replica has the same layout
+        self._shape = (device_resource, first.gpus_per_replica_node, first.nnodes)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="replica-start")
-        self._changes: Counter[str] = Counter()
+        self.joined = 0
         # Scale requests: replicas still to join or shut down, what happened so far, which were refused
         # (in whole or in part), which started or removed something, and which failed (a replica did not
         # start).
@@ -199,10 +201,7 @@ class ElasticRolloutPool:
     def before_sync(self, step: int) -> None:
         """At a sync step, no generation running: drop the dead, shut the leaving, enrol the joining."""
         self._take_lost(step)
-        dead = self._find_dead([*self.live.values(), *(replica for replica, _ in self._joining)])
-        for address, replica in list(self.live.items()):
-            if replica.replica_rank in dead:
-                self._lose(address, step, f"found dead before the weight sync ({dead[replica.replica_rank]})")
+        dead = self._drop_dead(step, "found dead before the weight sync", also=[r for r, _ in self._joining])
         for replica, request_id in [entry for entry in self._joining if entry[0].replica_rank in dead]:
             self._joining.remove((replica, request_id))
             self._shut_down(replica)
@@ -228,7 +227,7 @@ class ElasticRolloutPool:
             self.live[address] = replica
             self._rank_of[address] = replica.replica_rank
             self._joined_at[address] = step
-            self._changes["joined"] += 1
+            self.joined += 1
             print(
                 f"[elastic] replica {replica.replica_rank} ({address}) joined with v{step}: it takes requests from now on"
             )
@@ -239,10 +238,7 @@ class ElasticRolloutPool:
     def explain_failure(self, step: int) -> RolloutPoolLostError | None:
         """After a generation or a sync failed: the named error if too few replicas are left to serve."""
         self._take_lost(step)
-        dead = self._find_dead(list(self.live.values()))
-        for address, replica in list(self.live.items()):
-            if replica.replica_rank in dead:
-                self._lose(address, step, dead[replica.replica_rank])
+        self._drop_dead(step, "found dead after the failure")
         try:
             self._require_min_replicas(step, count_joining=False)  # the failed batch needed serving replicas
         except RolloutPoolLostError as error:
@@ -268,7 +264,7 @@ class ElasticRolloutPool:
             "async/rollout_replicas": float(len(self.live)),
             "async/rollout_replicas_joining": float(len(self._starting) + len(self._joining)),
             "async/rollout_replicas_lost": float(len(self.lost)),
-            "async/rollout_replicas_joined": float(self._changes["joined"]),
+            "async/rollout_replicas_joined": float(self.joined),
         }
 
     def publish(self, step: int) -> None:
@@ -294,6 +290,14 @@ class ElasticRolloutPool:
         for address, reason in ray.get(self._controller.take_lost.remote()).items():
             if address in self.live:
                 self._lose(address, step, reason)
+
+    def _drop_dead(self, step: int, context: str, also: list[RolloutReplica] = ()) -> dict[int, str]:
+        """Probe the live replicas (and ``also``); lose the dead live ones. Returns rank -> cause of the dead."""
+        dead = self._find_dead([*self.live.values(), *also])
+        for address, replica in list(self.live.items()):
+            if replica.replica_rank in dead:
+                self._lose(address, step, f"{context} ({dead[replica.replica_rank]})")
+        return dead
 
     def _lose(self, address: str, step: int, reason: str) -> None:
         # Idempotent: the agent loops' client removed it already if a request saw it die.
@@ -355,13 +359,13 @@ class ElasticRolloutPool:
     def _room(self) -> int:
         """Replicas the free resources can place, less the starts whose groups are not placed yet."""
         unplaced = sum(1 for start in self._starting if not start.placed)
-        return max(0, replicas_that_fit(self._free_resources(), *self._replica_shape()) - unplaced)
+        return max(0, replicas_that_fit(self._free_resources(), *self._shape) - unplaced)
 
     def _add(self, count: int, request_id: int) -> str:
         fits = self._room()
         short = fits < count
         if short:
-            _, devices, nodes = self._replica_shape()
+            _, devices, nodes = self._shape
             room = (
                 f"the Ray cluster has free resources for {fits} more replica(s) of {nodes} node(s) x {devices} "
                 f"{self._device_resource}, {count} requested"
@@ -373,15 +377,6 @@ class ElasticRolloutPool:
         ranks = [self._begin_start(request_id) for _ in range(count)]
         started = f"starting replica(s) {ranks}; each serves from the first weight sync after it is up"
         return f"{room}: {started}" if short else started
-
-    def _replica_shape(self) -> tuple[str, int, int]:
-        any_replica = next(iter(self.live.values()), None) or self._servers.rollout_replica_class(
-            replica_rank=0,
-            config=self._servers.rollout_config,
-            model_config=self._servers.model_config,
-            gpus_per_node=self._servers.rollout_config.n_gpus_per_node,
-        )
-        return self._device_resource, any_replica.gpus_per_replica_node, any_replica.nnodes
 
     def _begin_start(self, request_id: int | None) -> int:
         rank, self._next_rank = self._next_rank, self._next_rank + 1
