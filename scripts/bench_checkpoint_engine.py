@@ -35,8 +35,8 @@ from multiprocessing import get_context
 import torch.distributed as dist
 from bench_gloo_engine import _engine_call, _engine_receive, _engine_send, _gather, _gbps, _setup_rank, _state
 
-from recipe.one_step_off_async.cpu.gloo_checkpoint_engine import GlooCheckpointEngine
-from recipe.one_step_off_async.file_checkpoint_engine import FileCheckpointEngine
+from recipe.one_step_off_async.weight_sync.files import FileCheckpointEngine
+from recipe.one_step_off_async.weight_sync.gloo import GlooCheckpointEngine
 
 ENGINES = {"gloo": GlooCheckpointEngine, "checkpoint": FileCheckpointEngine}
 

@@ -41,7 +41,7 @@ from multiprocessing import get_context
 import torch
 import torch.distributed as dist
 
-from recipe.one_step_off_async.cpu.gloo_checkpoint_engine import GlooCheckpointEngine
+from recipe.one_step_off_async.weight_sync.gloo import GlooCheckpointEngine
 
 # A spawned benchmark process keeps its rank's state here between calls (one rank per process).
 _state: dict = {}

@@ -33,9 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from recipe.one_step_off_async import cpu
+from omegaconf import OmegaConf
 
-CPU_ENV = cpu.activate()  # before verl resolves its platform
+from recipe.one_step_off_async import verl_plugin
+
+# Before verl resolves its platform: this process and every Ray worker set up as a CPU launch does.
+CPU_ENV = verl_plugin.activate(OmegaConf.create({"trainer": {"device": "cpu"}, "async_training": {"one_gpu": False}}))
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
@@ -49,9 +52,9 @@ from verl.experimental.agent_loop import AgentLoopManager  # noqa: E402
 from verl.utils import hf_tokenizer  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 
-import recipe.one_step_off_async.cpu.hf_replica  # noqa: E402, F401  (registers rollout.name=hf)
-from recipe.one_step_off_async.cpu.hf_engine import GenerationEngine, SamplingParams  # noqa: E402
+import recipe.one_step_off_async.rollout.hf.replica  # noqa: E402, F401  (registers rollout.name=hf)
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer  # noqa: E402
+from recipe.one_step_off_async.rollout.hf.engine import GenerationEngine, SamplingParams  # noqa: E402
 
 
 def build_model(path: Path, hidden_size: int, layers: int) -> None:

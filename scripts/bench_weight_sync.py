@@ -91,7 +91,7 @@ class RankWorker:
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
         else:
-            import recipe.one_step_off_async.cpu.gloo_checkpoint_engine  # noqa: F401  (registers "gloo")
+            import recipe.one_step_off_async.weight_sync.gloo  # noqa: F401  (registers "gloo")
 
             torch.set_num_threads(1)
             self.device = torch.device("cpu")

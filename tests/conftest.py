@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
-from recipe.one_step_off_async import cpu
+from recipe.one_step_off_async import verl_plugin
+from recipe.one_step_off_async.demo.assets import register_resolver
 
-# Before any test touches verl: the platform is resolved once per process and cached.
-CPU_ENV = cpu.activate()
+# What a CPU launch gives this process and every Ray worker (platform, the recipe's plugin), set up before
+# any test touches verl: the platform is resolved once per process and cached.
+CPU_RUN = OmegaConf.create({"trainer": {"device": "cpu"}, "async_training": {"one_gpu": False}})
+CPU_ENV = verl_plugin.activate(CPU_RUN)
+# The CPU profile's ${demo_asset:...} paths, for tests that compose it with Hydra's compose API (the
+# commands get the resolver from the profile's Hydra callback).
+register_resolver()
 
 
 @pytest.fixture(scope="session")

@@ -32,10 +32,7 @@ LOSS_SIGNATURES = {
 # Which run carries which recipe loss: each loss runs end to end once.
 ONE_STEP_OFF_LOSS, RESUME_LOSS = "topr", "kimi15"  # test_e2e_main_on_cpu.py
 KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_elastic_on_cpu.py
-CHECKPOINT_ENGINE = (
-    "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
-    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.one_step_off_async.file_checkpoint_engine",
-)
+CHECKPOINT_ENGINE = ("actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",)
 
 
 def loss_overrides(loss: str) -> tuple[str, ...]:

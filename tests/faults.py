@@ -32,7 +32,7 @@ import ray
 from e2e import ENTRY, read_metrics
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from recipe.one_step_off_async import external_modules
+from recipe.one_step_off_async import verl_plugin
 
 TESTS_DIR = Path(__file__).resolve().parent
 FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
@@ -102,9 +102,9 @@ def reward_function(directory: Path, body: str) -> list[str]:
 
 def frozen_weight_sync(version: int) -> dict[str, str]:
     """Env for a run whose rollout workers never finish receiving weight version ``version``."""
-    # frozen_sync registers its engine as `gloo`: imported by the run's processes, never by this one.
-    modules = external_modules.listing_with("frozen_sync")
-    return {external_modules.ENV: modules, FREEZE_SYNC_ENV: str(version), **_tests_on_python_path()}
+    # frozen_sync registers its engine as `gloo`, after the recipe's plugin: imported by the run's processes,
+    # never by this one.
+    return {verl_plugin.EXTERNAL_MODULES_ENV: "frozen_sync", FREEZE_SYNC_ENV: str(version), **_tests_on_python_path()}
 
 
 def _tests_on_python_path() -> dict[str, str]:

@@ -14,7 +14,7 @@ import os
 
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-from recipe.one_step_off_async.cpu.gloo_checkpoint_engine import GlooCheckpointEngine, ReceivedWeights
+from recipe.one_step_off_async.weight_sync.gloo import GlooCheckpointEngine, ReceivedWeights
 
 
 async def _never():

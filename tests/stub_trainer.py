@@ -22,7 +22,7 @@ from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 from verl.utils.dataset.rl_dataset import collate_fn
 
-from recipe.one_step_off_async.ray_trainer import OneStepOffRayTrainer
+from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
 
 PROMPT_LEN, RESPONSE_LEN = 4, 3
 
@@ -119,7 +119,11 @@ class StubRollout:
                 "position_ids": torch.arange(PROMPT_LEN + RESPONSE_LEN).expand(size, -1).clone(),
                 "rm_scores": rm_scores,
             },
-            non_tensors={"min_global_steps": versions, "max_global_steps": versions.copy()},
+            non_tensors={
+                "min_global_steps": versions,
+                "max_global_steps": versions.copy(),
+                "multi_modal_inputs": np.array([{} for _ in range(size)], dtype=object),  # as verl's agent loop
+            },
             meta_info={"timing": {}},
         )
 
@@ -219,5 +223,5 @@ def build_trainer(config, log: EventLog, rollout: StubRollout, sync: StubWeightS
     trainer.async_rollout_manager = rollout
     trainer.checkpoint_manager = sync
     trainer.actor_rollout_wg = object()
-    trainer._bound_manager_calls()  # what init_workers does to the real managers
+    trainer._start_pipeline()  # what init_workers does with the real managers
     return trainer

@@ -26,7 +26,7 @@ from e2e import (
 )
 from faults import failing_generation
 
-from recipe.one_step_off_async.policy_losses import LOSS_MODES
+from recipe.one_step_off_async.losses import LOSS_MODES
 
 pytestmark = pytest.mark.slow
 

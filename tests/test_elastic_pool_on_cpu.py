@@ -22,14 +22,14 @@ from omegaconf import OmegaConf
 from verl import DataProto
 
 from recipe.one_step_off_async.async_config import ElasticConfig
-from recipe.one_step_off_async.elastic_client import (
+from recipe.one_step_off_async.elastic.client import (
     REGENERATED,
     SERVED_BY,
     ElasticLLMServerClient,
     RolloutPoolLostError,
 )
-from recipe.one_step_off_async.elastic_pool import ElasticRolloutPool, replicas_that_fit
-from recipe.one_step_off_async.pool_controller import RolloutPoolController, ScaleRequest
+from recipe.one_step_off_async.elastic.controller import RolloutPoolController, ScaleRequest
+from recipe.one_step_off_async.elastic.pool import ElasticRolloutPool, replicas_that_fit
 
 # --- replicas_that_fit: pure --------------------------------------------------------------------
 
@@ -461,7 +461,7 @@ def test_an_error_raised_by_a_live_replica_is_not_retried(ray_shipping_servers, 
 
 
 def test_two_jobs_cannot_share_an_experiment_name_and_the_scale_command_finds_each(cpu_ray):
-    from recipe.one_step_off_async.pool_controller import find_controller, start_controller
+    from recipe.one_step_off_async.elastic.controller import find_controller, start_controller
 
     with pytest.raises(LookupError, match="0 elastic one-step-off jobs"):
         find_controller(None)

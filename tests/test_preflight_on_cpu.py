@@ -19,7 +19,8 @@ import tomllib
 from hydra import compose, initialize_config_module
 
 from recipe.one_step_off_async import preflight
-from recipe.one_step_off_async.async_config import COMPATIBLE_CHECKPOINT_ENGINES, ConfigError
+from recipe.one_step_off_async.async_config import COMPATIBLE_CHECKPOINT_ENGINES
+from recipe.one_step_off_async.errors import ConfigError
 from recipe.one_step_off_async.preflight import check_backends, missing_backends, required_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def test_missing_checkpoint_backend_module_is_named():
     # ... and the gloo engine it selects is then registered nowhere.
     assert message.endswith(
         "Set actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
-        "recipe.one_step_off_async.cpu.gloo_checkpoint_engine"
+        "recipe.one_step_off_async.weight_sync.gloo"
     )
 
 
@@ -143,16 +144,16 @@ def test_recipe_engine_without_its_module_is_named():
     (line,) = missing_backends(config)
 
     assert line.startswith(
-        "recipe.one_step_off_async.file_checkpoint_engine, the module that registers "
+        "recipe.one_step_off_async.weight_sync.files, the module that registers "
         "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint, is not loaded in the workers"
     )
-    assert line.endswith("custom_backend_module=recipe.one_step_off_async.file_checkpoint_engine")
+    assert line.endswith("custom_backend_module=recipe.one_step_off_async.weight_sync.files")
     check_backends(
         compose_config(
             "one_step_off_ppo_cpu",
             "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
             "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
-            "recipe.one_step_off_async.file_checkpoint_engine",
+            "recipe.one_step_off_async.weight_sync.files",
         )
     )
 

@@ -15,20 +15,18 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipe.one_step_off_async.errors import ConfigError
+
 # Which checkpoint engines can feed which rollout backends (actor -> rollout weight transfer).
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
 # gloo: this recipe's CPU engine, consumed by the recipe's `hf` replica.
-# checkpoint: this recipe's file engine (file_checkpoint_engine.py): full tensors through a folder (run with hf
+# checkpoint: this recipe's file engine (weight_sync/files.py): full tensors through a folder (run with hf
 # and vLLM; not yet with SGLang).
 COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
     "vllm": ("nccl", "nixl", "mooncake", "kimi", "checkpoint"),
     "sglang": ("nccl", "nixl", "mooncake", "kimi"),
     "hf": ("gloo", "checkpoint"),
 }
-
-
-class ConfigError(ValueError):
-    """A config the recipe cannot run; the message says which key and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ class AsyncTrainingConfig:
     one_gpu: bool = field(
         default=False,
         metadata={
-            "help": "Both pools time-share ONE physical GPU (one_gpu.py): for trying the GPU path on a "
+            "help": "Both pools time-share ONE physical GPU (platforms/one_gpu.py): for trying the GPU path on a "
             "workstation; the --config-name=one_step_off_ppo_1gpu profile sets it."
         },
     )
@@ -277,7 +275,7 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         "actor_rollout_ref.rollout.calculate_log_probs=False: the off-policy correction needs the rollout's "
         "log-probs of every sampled token. Set it to True.",
     )
-    from recipe.one_step_off_async.policy_losses import validate_policy_loss  # imports torch: only when validating
+    from recipe.one_step_off_async.losses import validate_policy_loss  # imports torch: only when validating
 
     validate_policy_loss(config)
     return async_config
@@ -344,3 +342,53 @@ def check_data_files(config: DictConfig) -> None:
             except Exception as error:
                 raise ConfigError(f"data.{key}: {file} is not a readable parquet file ({error}).") from error
         _require(rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset.")
+
+
+# Module paths of the flat layout before the sub-packages (see "Upgrading" in the docs). A config that
+# names one still runs, with a FutureWarning naming the setting to use instead.
+_RENAMED_CLASSES = {
+    "actor_rollout_ref.rollout.checkpoint_manager_class": {
+        "recipe.one_step_off_async.sync_timing.TimedCheckpointEngineManager": (
+            "recipe.one_step_off_async.weight_sync.timing.TimedCheckpointEngineManager"
+        ),
+    },
+    "actor_rollout_ref.actor.policy_loss._target_": {
+        "recipe.one_step_off_async.policy_losses.OffPolicyLossConfig": "recipe.one_step_off_async.losses.OffPolicyLossConfig",
+    },
+}
+# Engines the recipe now registers by name in every process: their module key is no longer needed.
+_REGISTERED_ENGINE_MODULES = {
+    "recipe.one_step_off_async.cpu.gloo_checkpoint_engine": "gloo",
+    "recipe.one_step_off_async.file_checkpoint_engine": "checkpoint",
+}
+# Modules that used to be listed in VERL_USE_EXTERNAL_MODULES; the recipe's verl plugin loads what they did.
+_OLD_EXTERNAL_MODULES = (
+    "recipe.one_step_off_async.cpu",
+    "recipe.one_step_off_async.policy_losses",
+    "recipe.one_step_off_async.one_gpu",
+)
+
+
+def upgrade_module_paths(config: DictConfig) -> list[str]:
+    """Rewrite the old layout's module paths in ``config`` to the new ones; return one notice per rewrite."""
+    notices = []
+    for key, renamed in _RENAMED_CLASSES.items():
+        value = OmegaConf.select(config, key)
+        if value in renamed:
+            OmegaConf.update(config, key, renamed[value], force_add=True)
+            notices.append(f"{key}={value} has moved: set {key}={renamed[value]}.")
+    key = "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"
+    value = OmegaConf.select(config, key)
+    if value in _REGISTERED_ENGINE_MODULES:
+        OmegaConf.update(config, key, None)
+        notices.append(
+            f"{key}={value} is no longer needed: the recipe registers the "
+            f"{_REGISTERED_ENGINE_MODULES[value]!r} engine by name. Remove the override."
+        )
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
+    listed = OmegaConf.select(config, key) or ""
+    kept = [module for module in listed.split(",") if module and module not in _OLD_EXTERNAL_MODULES]
+    if listed and kept != listed.split(","):
+        OmegaConf.update(config, key, ",".join(kept))
+        notices.append(f"{key} lists modules of the old layout; the recipe loads them itself. Remove them.")
+    return notices

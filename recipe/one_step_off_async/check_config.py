@@ -12,7 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from recipe.one_step_off_async.main_ppo import prepare_config
+from recipe.one_step_off_async.launch import prepare_config
 from recipe.one_step_off_async.preflight import missing_backends
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.async_config import ConfigError
+from recipe.one_step_off_async.errors import ConfigError
 
 # The override that switches flash-attention off (also for a key the config does not have yet).
 SDPA_OVERRIDE = "++{prefix}.override_config.attn_implementation=sdpa"
@@ -118,12 +118,6 @@ CHECKPOINT_ENGINE_MODULES: dict[str, tuple[str, ...]] = {
     "checkpoint": (),  # writes the safetensors format itself
     "naive": (),
 }
-# The recipe's own engines register with verl only when their module is imported, in every worker:
-# verl imports rollout.checkpoint_engine.custom_backend_module there.
-RECIPE_ENGINE_MODULES: dict[str, str] = {
-    "gloo": "recipe.one_step_off_async.cpu.gloo_checkpoint_engine",
-    "checkpoint": "recipe.one_step_off_async.file_checkpoint_engine",
-}
 # transformers imports flash_attn when a model loads with flash_attention_2 (verl's default when
 # override_config sets none). use_remove_padding alone does not need it: verl 0.9.1 falls back to
 # torch pad/unpad, and transformers' sdpa (5.9.0) masks packed sequences apart by their position_ids.
@@ -199,13 +193,6 @@ def missing_backends(config: DictConfig) -> list[str]:
         lines.append(
             f"{custom}, selected by {key}.custom_backend_module={custom}: {problem}. Point the key at an importable "
             f"module that registers the {engine.backend!r} checkpoint engine, or unset it."
-        )
-    own = RECIPE_ENGINE_MODULES.get(engine.backend)
-    if own and custom != own:
-        lines.append(
-            f"{own}, the module that registers {key}.backend={engine.backend}, is not loaded in the workers "
-            f"({key}.custom_backend_module={custom}): verl would report the engine as not registered. "
-            f"Set {key}.custom_backend_module={own}"
         )
     return lines
 

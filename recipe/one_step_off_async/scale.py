@@ -7,7 +7,7 @@
 Run it on a node of the job's Ray cluster. ``--address`` defaults to the cluster ``ray start``
 made on this node; a job that started Ray itself prints its address at start-up
 (``[elastic] ... --address``). It talks to the job's
-``RolloutPoolController`` (``pool_controller.py``), which exists when the job was started with
+``RolloutPoolController`` (``elastic/controller.py``), which exists when the job was started with
 ``async_training.elastic.enable=true``; ``--experiment`` is the job's ``trainer.experiment_name``,
 needed only when several elastic jobs share the cluster. The trainer applies the request at its
 next step boundary: a new replica starts in the background and serves from the first weight sync
@@ -29,7 +29,7 @@ import time
 
 import ray
 
-from recipe.one_step_off_async.pool_controller import NAMESPACE, find_controller
+from recipe.one_step_off_async.elastic.controller import NAMESPACE, find_controller
 
 FINAL_STATES = ("done", "partial", "refused", "failed")
 

@@ -38,6 +38,10 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
 from recipe.one_step_off_async.demo.model import init_model, save_model
@@ -82,6 +86,22 @@ class DemoAssets:
             f"reward.custom_reward_function.path={self.reward_path}",
             f"reward.custom_reward_function.name={self.reward_name}",
         ]
+
+
+def register_resolver() -> None:
+    """``${demo_asset:model_dir}`` (any ``DemoAssets`` field) in a config: a path of the built-in task, built on first use."""
+    OmegaConf.register_new_resolver("demo_asset", lambda field: str(getattr(ensure_assets(), field)), replace=True)
+
+
+class DemoAssetsCallback(Callback):
+    """Named in the ``hydra.callbacks`` of the profiles that train the built-in task (CPU, one GPU).
+
+    Hydra runs it before the command (``main_ppo``, ``check_config``), so their ``${demo_asset:...}``
+    paths resolve; the recipe's commands themselves never import the demo.
+    """
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        register_resolver()
 
 
 def asset_dir(cache_dir: str | os.PathLike | None, seed: int) -> Path:

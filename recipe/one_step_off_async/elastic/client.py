@@ -1,0 +1,99 @@
+"""The agent loops' client to the rollout replicas in elastic mode: a lost replica costs a retry, not the run.
+
+verl's ``LLMServerClient.generate`` picks a replica through the job's ``GlobalRequestLoadBalancer``
+and calls it; if the replica's process died, the call raises ``RayActorError`` and the whole
+batch fails. ``ElasticLLMServerClient`` (handed to verl's ``AgentLoopManager`` by the trainer in
+elastic mode) catches exactly that error (``ActorDiedError``: the process is gone, not merely
+unreachable), takes the replica out of the load balancer (so no other
+request is routed there), reports it to the job's ``RolloutPoolController`` and sends the same
+request again; the load balancer picks a surviving replica. Weights only move between
+generations (the pipeline drains before every sync), so every replica holds the same version
+and a regenerated request is generated with the version its batch was due.
+
+Each output is stamped with the replica that produced it (``rollout_replica``) and the number of
+attempts lost with a replica (``rollout_regenerated``); verl's agent loop carries both into the
+batch, where the trainer counts requests per replica. With no replica left the request fails
+with ``RolloutPoolLostError``, as does a request that saw ``MAX_REPLICAS_LOST_PER_REQUEST`` replicas
+die under it. Errors raised by a live replica (bad input...) are not retried.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import ray
+from omegaconf import DictConfig
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+from recipe.one_step_off_async.errors import RolloutPoolLostError
+
+SERVED_BY = "rollout_replica"
+REGENERATED = "rollout_regenerated"
+# A request whose replica died this many times in a row is the likely killer (a prompt that OOMs the
+# engine): fail the run naming it rather than let it take the whole pool down.
+MAX_REPLICAS_LOST_PER_REQUEST = 3
+
+# The replica the current request (an asyncio task) was routed to; set by _acquire_server.
+_routed_to: contextvars.ContextVar[str | None] = contextvars.ContextVar("routed_to", default=None)
+
+
+class ElasticLLMServerClient(LLMServerClient):
+    """verl's client, plus: a request whose replica died is sent again to a surviving replica.
+
+    Args:
+        config: the whole trainer config (as verl's client).
+        load_balancer_handle: the job's load balancer actor (as verl's client).
+        controller: the job's ``RolloutPoolController`` actor, told about every replica lost.
+    """
+
+    def __init__(
+        self,
+        config: DictConfig,
+        load_balancer_handle: ray.actor.ActorHandle = None,
+        controller: ray.actor.ActorHandle = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(config, load_balancer_handle, **kwargs)
+        self._controller = controller
+
+    async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, ray.actor.ActorHandle]:
+        server_id, handle = await super()._acquire_server(request_id, **extra)
+        _routed_to.set(server_id)
+        return server_id, handle
+
+    async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
+        lost: list[str] = []
+        while True:
+            _routed_to.set(None)
+            try:
+                output = await super().generate(request_id, **kwargs)
+            except ray.exceptions.ActorDiedError as error:  # not ActorUnavailableError: it may come back
+                server_id = _routed_to.get()
+                if server_id is None:  # the load balancer itself is gone: nothing to fail over to
+                    raise
+                lost.append(server_id)
+                await self._drop(server_id, error)
+                if len(lost) >= MAX_REPLICAS_LOST_PER_REQUEST:
+                    raise RolloutPoolLostError(
+                        f"Request {request_id}: {len(lost)} rollout replicas died while generating it "
+                        f"({', '.join(lost)}); the request itself may be what kills them (e.g. an engine OOM on "
+                        f"this prompt), so it is not sent to another. Last error: {error}"
+                    ) from error
+                if not await self._load_balancer.get_all_servers.remote():
+                    raise RolloutPoolLostError(
+                        f"Request {request_id}: no rollout replica is left to generate it; lost while it was "
+                        f"waiting on them: {', '.join(lost)}. Last error: {type(error).__name__}: {error}"
+                    ) from error
+                continue
+            output.extra_fields[SERVED_BY] = _routed_to.get()
+            output.extra_fields[REGENERATED] = len(lost)
+            return output
+
+    async def _drop(self, server_id: str, error: Exception) -> None:
+        # Idempotent on both actors: every request that was on the replica reports it.
+        await self._load_balancer.remove_servers.remote([server_id])
+        if self._controller is not None:
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            await self._controller.report_lost.remote(server_id, reason)

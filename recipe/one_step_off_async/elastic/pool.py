@@ -1,0 +1,481 @@
+"""Elastic rollout pool (``async_training.elastic.enable=true``): replicas leave and join a running job.
+
+verl 0.9.1 has the pieces: its ``GlobalRequestLoadBalancer`` routes requests and takes
+``add_servers`` / ``remove_servers``; its ``CheckpointEngineManager`` syncs weights to the
+replicas it holds and takes ``add_replicas`` / ``remove_replicas``. ``ElasticRolloutPool`` is the
+trainer's bookkeeping over both, applied only where the pipeline allows it:
+
+- **Lost** (its process died): the agent loops' ``ElasticLLMServerClient`` takes it out of the
+  load balancer at once and regenerates its requests elsewhere (``elastic/client.py``). At the next
+  step boundary the pool drops it from weight syncs, kills what is left of it and frees its
+  placement group. A replica that dies while the pool is idle is found by a liveness check
+  before each sync. Fewer live replicas than ``min_replicas`` fails the run, naming every loss.
+- **Joining**: a replica requested by the scale command, or started because the Ray cluster has
+  room for one more (``max_replicas``), starts in the background (placement and engine load take
+  minutes on GPUs; training goes on). Once up, it joins the weight sync of the next sync step and
+  the load balancer right after that sync, so its first request is served with the weights the
+  others hold: it never serves stale or random weights.
+- **Leaving** (scale command): out of the load balancer at the next step boundary (requests already
+  on it finish there), shut down at the next sync, when no generation runs.
+
+Everything runs on the trainer's thread between steps, except the background starts, which only
+build a replica and hand it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+from verl import DataProto
+from verl.workers.rollout.replica import RolloutReplica
+
+from recipe.one_step_off_async.async_config import ElasticConfig
+from recipe.one_step_off_async.elastic.client import REGENERATED, SERVED_BY
+from recipe.one_step_off_async.errors import RolloutPoolLostError
+
+__all__ = ["ElasticRolloutPool", "LostReplica", "RolloutPoolLostError", "replicas_that_fit"]
+
+# verl's standalone replicas: one placement-group bundle per device, {"CPU": 2, <device>: 1}
+# (RolloutReplica.init_standalone: max_colocate_count=2; RayResourcePool.get_placement_groups).
+STANDALONE_CPUS_PER_DEVICE = 2
+LIVENESS_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class LostReplica:
+    rank: int
+    address: str
+    step: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"replica {self.rank} ({self.address}) lost at step {self.step}: {self.reason}"
+
+
+@dataclass
+class _Start:
+    """A replica being placed and started on a background thread."""
+
+    replica: RolloutReplica
+    request_id: int | None
+    future: concurrent.futures.Future | None = None
+    began_at: float | None = None  # when its thread took it up (it may wait behind other starts)
+    abandoned: bool = False
+
+    @property
+    def rank(self) -> int:
+        return self.replica.replica_rank
+
+    @property
+    def placed(self) -> bool:
+        pool = self.replica.resource_pool
+        return pool is not None and pool.pgs is not None
+
+
+def replicas_that_fit(
+    available_per_node: dict[str, dict[str, float]], device_resource: str, devices_per_node: int, nodes: int
+) -> int:
+    """How many more replicas of ``nodes`` x ``devices_per_node`` devices the free resources can place."""
+    need = {device_resource: float(devices_per_node)}
+    if device_resource != "CPU":
+        need["CPU"] = float(STANDALONE_CPUS_PER_DEVICE * devices_per_node)
+    per_node = [
+        min(int(free.get(key, 0.0) // amount) for key, amount in need.items()) for free in available_per_node.values()
+    ]
+    if nodes == 1:
+        return sum(per_node)
+    return sum(1 for fits in per_node if fits >= 1) // nodes
+
+
+def _free_resources_per_node() -> dict[str, dict[str, float]]:
+    # The view verl's ResourcePoolManager checks pools against (single_controller/ray/base.py).
+    return ray._private.state.available_resources_per_node()
+
+
+def _start_replica(replica: RolloutReplica) -> RolloutReplica:
+    """Runs on a background thread: place the replica on its own placement group and start its server."""
+    asyncio.run(replica.init_standalone())
+    return replica
+
+
+def _shut_down(replica: RolloutReplica) -> None:
+    """Kill the replica's processes and free its placement group (a dead node's group would be re-placed)."""
+    for handle in {*replica.workers, *replica.servers}:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(handle, no_restart=True)
+    pool = replica.resource_pool
+    for group in (pool.pgs or []) if pool is not None else []:
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(group)
+
+
+def _abandon_start(rank: int) -> None:
+    """Free the placement group of a replica start that timed out (its actors go with it)."""
+    prefix = f"rollout_pool_{rank}verl_group_"
+    for group in ray.util.placement_group_table().values():
+        if group.get("name", "").startswith(prefix) and group.get("state") != "REMOVED":
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(ray.util.get_placement_group(group["name"]))
+
+
+class ElasticRolloutPool:
+    """The trainer's view of which replicas serve, join, leave or were lost, and when each change applies.
+
+    Args:
+        settings: ``async_training.elastic``.
+        llm_server_manager: verl's ``LLMServerManager`` that started the initial replicas (standalone).
+        checkpoint_manager: verl's ``CheckpointEngineManager`` (or the recipe's wrapper of it).
+        controller: the job's ``RolloutPoolController`` actor.
+        device_resource: the Ray resource one device of a replica takes (``GPU``; ``CPU`` on CPU).
+        free_resources: the cluster's free resources per node (Ray's view by default; tests inject one).
+        start_replica: builds and starts a replica on a background thread (tests inject one).
+        shut_down: kills a replica's processes and frees its resources (tests inject one).
+        find_dead: replica rank -> cause, for the given replicas whose processes are gone (tests inject one).
+    """
+
+    def __init__(
+        self,
+        settings: ElasticConfig,
+        llm_server_manager: Any,
+        checkpoint_manager: Any,
+        controller: ray.actor.ActorHandle,
+        device_resource: str,
+        free_resources: Callable[[], dict[str, dict[str, float]]] = _free_resources_per_node,
+        start_replica: Callable[[RolloutReplica], RolloutReplica] = _start_replica,
+        shut_down: Callable[[RolloutReplica], None] = _shut_down,
+        find_dead: Callable[[list[RolloutReplica]], dict[int, str]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._servers = llm_server_manager
+        self._checkpoints = checkpoint_manager
+        self._controller = controller
+        self._device_resource = device_resource
+        self._free_resources = free_resources
+        self._start_replica = start_replica
+        self._shut_down = shut_down
+        self._find_dead = find_dead or _dead_replicas
+        # verl hands the checkpoint manager the server manager's own list: keep them apart, since the
+        # manager's add/remove_replicas updates its list and the pool rebinds the server manager's.
+        for name in ("rollout_replicas", "server_handles", "server_addresses"):
+            setattr(llm_server_manager, name, list(getattr(llm_server_manager, name)))
+        self.live: dict[str, RolloutReplica] = {r.server_address: r for r in llm_server_manager.rollout_replicas}
+        self._rank_of: dict[str, int] = {address: r.replica_rank for address, r in self.live.items()}
+        self._joined_at: dict[str, int] = {address: 0 for address in self.live}
+        self._starting: list[_Start] = []
+        self._joining: list[tuple[RolloutReplica, int | None]] = []
+        self._leaving: list[tuple[RolloutReplica, int]] = []
+        self.lost: list[LostReplica] = []
+        self._next_rank = max((r.replica_rank for r in self.live.values()), default=-1) + 1
+        first = llm_server_manager.rollout_replicas[0]  # every replica has the same layout
+        self._shape = (device_resource, first.gpus_per_replica_node, first.nnodes)
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="replica-start")
+        self.joined = 0
+        # Scale requests: replicas still to join or shut down, what happened so far, which were refused
+        # (in whole or in part), which started or removed something, and which failed (a replica did not
+        # start).
+        self._outstanding: Counter[int] = Counter()
+        self._notes: dict[int, list[str]] = {}
+        self._refused: set[int] = set()
+        self._failed: set[int] = set()
+        self._acted: set[int] = set()
+
+    # ------------------------------------------------------------------ step boundaries
+
+    def poll(self, step: int) -> None:
+        """Every step boundary: take in losses, scale requests, finished starts and room to grow."""
+        self._take_lost(step)
+        for request in ray.get(self._controller.take_requests.remote()):
+            self._apply_request(request, step)
+        self._collect_starts(step)
+        self._grow_into_free_resources(step)
+        self._require_min_replicas(step)
+
+    def before_sync(self, step: int) -> None:
+        """At a sync step, no generation running: drop the dead, shut the leaving, enrol the joining."""
+        self._take_lost(step)
+        dead = self._drop_dead(step, "found dead before the weight sync", also=[r for r, _ in self._joining])
+        for replica, request_id in [entry for entry in self._joining if entry[0].replica_rank in dead]:
+            self._joining.remove((replica, request_id))
+            self._shut_down(replica)
+            reason = f"replica {replica.replica_rank} died before its first sync ({dead[replica.replica_rank]})"
+            print(f"[elastic] {reason}")
+            self._done(request_id, reason, failed=True)
+        self._require_min_replicas(step)
+        for replica, request_id in self._leaving:
+            self._shut_down(replica)
+            self._done(request_id, f"replica {replica.replica_rank} shut down at step {step}")
+        self._leaving = []
+        if self._joining:
+            self._checkpoints.add_replicas([replica for replica, _ in self._joining])
+
+    def after_sync(self, step: int) -> None:
+        """Right after the sync that gave them the weights, joining replicas start taking requests."""
+        if not self._joining:
+            return
+        servers = {replica.server_address: replica.server_handle for replica, _ in self._joining}
+        ray.get(self._servers.global_load_balancer.add_servers.remote(servers))
+        for replica, request_id in self._joining:
+            address = replica.server_address
+            self.live[address] = replica
+            self._rank_of[address] = replica.replica_rank
+            self._joined_at[address] = step
+            self.joined += 1
+            print(
+                f"[elastic] replica {replica.replica_rank} ({address}) joined with v{step}: it takes requests from now on"
+            )
+            self._done(request_id, f"replica {replica.replica_rank} joined at step {step} with v{step}")
+        self._sync_server_manager()
+        self._joining = []
+
+    def explain_failure(self, step: int) -> RolloutPoolLostError | None:
+        """After a generation or a sync failed: the named error if too few replicas are left to serve."""
+        self._take_lost(step)
+        self._drop_dead(step, "found dead after the failure")
+        try:
+            self._require_min_replicas(step, count_joining=False)  # the failed batch needed serving replicas
+        except RolloutPoolLostError as error:
+            return error
+        return None
+
+    # ------------------------------------------------------------------ metrics and status
+
+    def batch_metrics(self, output: DataProto) -> dict[str, float]:
+        """Requests per replica and regenerated requests in one generated batch."""
+        metrics: dict[str, float] = {}
+        served = output.non_tensor_batch.get(SERVED_BY)
+        if served is not None:
+            for address, count in Counter(served.tolist()).items():
+                metrics[f"async/replica_requests/{self._rank_of.get(address, -1)}"] = float(count)
+        regenerated = output.non_tensor_batch.get(REGENERATED)
+        if regenerated is not None:
+            metrics["async/regenerated_requests"] = float(np.count_nonzero(regenerated.astype(np.int64)))
+        return metrics
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "async/rollout_replicas": float(len(self.live)),
+            "async/rollout_replicas_joining": float(len(self._starting) + len(self._joining)),
+            "async/rollout_replicas_lost": float(len(self.lost)),
+            "async/rollout_replicas_joined": float(self.joined),
+        }
+
+    def publish(self, step: int) -> None:
+        status = {
+            "step": step,
+            "live": [
+                {"rank": r.replica_rank, "address": a, "serving_since_step": self._joined_at[a]}
+                for a, r in self.live.items()
+            ],
+            "starting": [s.rank for s in self._starting],
+            "joining": [r.replica_rank for r, _ in self._joining],
+            "leaving": [r.replica_rank for r, _ in self._leaving],
+            "lost": [str(lost) for lost in self.lost],
+        }
+        self._controller.publish.remote(status)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ internals
+
+    def _take_lost(self, step: int) -> None:
+        for address, reason in ray.get(self._controller.take_lost.remote()).items():
+            if address in self.live:
+                self._lose(address, step, reason)
+
+    def _drop_dead(self, step: int, context: str, also: list[RolloutReplica] = ()) -> dict[int, str]:
+        """Probe the live replicas (and ``also``); lose the dead live ones. Returns rank -> cause of the dead."""
+        dead = self._find_dead([*self.live.values(), *also])
+        for address, replica in list(self.live.items()):
+            if replica.replica_rank in dead:
+                self._lose(address, step, f"{context} ({dead[replica.replica_rank]})")
+        return dead
+
+    def _lose(self, address: str, step: int, reason: str) -> None:
+        # Idempotent: the agent loops' client removed it already if a request saw it die.
+        ray.get(self._servers.global_load_balancer.remove_servers.remote([address]))
+        replica = self.live.pop(address)
+        self.lost.append(LostReplica(replica.replica_rank, address, step, reason))
+        print(f"[elastic] {self.lost[-1]}; {len(self.live)} replica(s) left")
+        self._checkpoints.remove_replicas([replica])
+        self._shut_down(replica)
+        self._sync_server_manager()
+
+    def _require_min_replicas(self, step: int, count_joining: bool = True) -> None:
+        # Replicas up and waiting for their first sync count: they get the weights at this step's sync.
+        if len(self.live) + (len(self._joining) if count_joining else 0) >= self.settings.min_replicas:
+            return
+        lost = "; ".join(str(lost) for lost in self.lost) or "none reported"
+        raise RolloutPoolLostError(
+            f"The rollout pool is down to {len(self.live)} live replica(s) at step {step}, fewer than "
+            f"async_training.elastic.min_replicas={self.settings.min_replicas}. Lost: {lost}. "
+            f"{len(self._starting) + len(self._joining)} replica(s) were still starting. Check the rollout "
+            "nodes (preemption, OOM, driver faults) and resume from the last checkpoint."
+        )
+
+    def _sync_server_manager(self) -> None:
+        replicas = list(self.live.values())
+        self._servers.rollout_replicas = replicas
+        self._servers.server_handles = [r.server_handle for r in replicas]
+        self._servers.server_addresses = [r.server_address for r in replicas]
+
+    def _apply_request(self, request: Any, step: int) -> None:
+        notes = []
+        if request.remove:
+            notes.append(self._remove(request.remove, request.id, step))
+        if request.add:
+            notes.append(self._add(request.add, request.id))
+        self._notes[request.id] = notes
+        self._report(request.id)
+
+    def _remove(self, count: int, request_id: int, step: int) -> str:
+        keep = self.settings.min_replicas
+        if len(self.live) - count < keep:
+            self._refused.add(request_id)
+            return (
+                f"refused: removing {count} of {len(self.live)} live replica(s) would leave fewer than "
+                f"async_training.elastic.min_replicas={keep}"
+            )
+        newest = sorted(self.live.items(), key=lambda item: item[1].replica_rank)[-count:]
+        ray.get(self._servers.global_load_balancer.remove_servers.remote([address for address, _ in newest]))
+        self._acted.add(request_id)
+        for address, replica in newest:
+            del self.live[address]
+            self._checkpoints.remove_replicas([replica])
+            self._leaving.append((replica, request_id))
+            self._outstanding[request_id] += 1
+        self._sync_server_manager()
+        ranks = [replica.replica_rank for _, replica in newest]
+        return f"replica(s) {ranks} take no new requests after step {step}; shut down at the next sync"
+
+    def _room(self) -> int:
+        """Replicas the free resources can place, less the starts whose groups are not placed yet."""
+        unplaced = sum(1 for start in self._starting if not start.placed)
+        return max(0, replicas_that_fit(self._free_resources(), *self._shape) - unplaced)
+
+    def _add(self, count: int, request_id: int) -> str:
+        fits = self._room()
+        short = fits < count
+        if short:
+            _, devices, nodes = self._shape
+            room = (
+                f"the Ray cluster has free resources for {fits} more replica(s) of {nodes} node(s) x {devices} "
+                f"{self._device_resource}, {count} requested"
+            )
+            self._refused.add(request_id)
+            if fits == 0:
+                return f"refused: {room}; add a node to the cluster, or remove a replica first"
+            count = fits
+        ranks = [self._begin_start(request_id) for _ in range(count)]
+        started = f"starting replica(s) {ranks}; each serves from the first weight sync after it is up"
+        return f"{room}: {started}" if short else started
+
+    def _begin_start(self, request_id: int | None) -> int:
+        rank, self._next_rank = self._next_rank, self._next_rank + 1
+        if request_id is not None:
+            self._outstanding[request_id] += 1
+            self._acted.add(request_id)
+        replica = self._servers.rollout_replica_class(
+            replica_rank=rank,
+            config=self._servers.rollout_config,
+            model_config=self._servers.model_config,
+            gpus_per_node=self._servers.rollout_config.n_gpus_per_node,
+        )
+        start = _Start(replica, request_id)
+        start.future = self._executor.submit(self._run_start, start)
+        self._starting.append(start)
+        print(f"[elastic] starting replica {rank} (request {request_id if request_id else 'auto'})")
+        return rank
+
+    def _run_start(self, start: _Start) -> RolloutReplica:
+        start.began_at = time.monotonic()
+        try:
+            return self._start_replica(start.replica)
+        finally:
+            if start.abandoned:  # given up on while it ran: whatever it placed and started goes now
+                self._shut_down(start.replica)
+                _abandon_start(start.rank)
+
+    def _give_up(self, start: _Start, detail: str) -> None:
+        start.abandoned = True
+        self._shut_down(start.replica)
+        _abandon_start(start.rank)
+        print(f"[elastic] {detail}")
+        self._done(start.request_id, detail, failed=True)
+
+    def _collect_starts(self, step: int) -> None:
+        still = []
+        for start in self._starting:
+            if start.future.done():
+                error = start.future.exception()
+                if error is None:
+                    self._joining.append((start.future.result(), start.request_id))
+                    print(f"[elastic] replica {start.rank} is up; it gets the weights at the next sync")
+                else:
+                    self._give_up(start, f"replica {start.rank} failed to start: {error!r}")
+            elif start.began_at is not None and time.monotonic() - start.began_at > self.settings.start_timeout_s:
+                self._give_up(
+                    start,
+                    f"replica {start.rank} was not up within async_training.elastic.start_timeout_s="
+                    f"{self.settings.start_timeout_s:g} s; abandoned",
+                )
+            else:
+                still.append(start)
+        self._starting = still
+
+    def _grow_into_free_resources(self, step: int) -> None:
+        target = self.settings.max_replicas
+        pending = len(self._starting) + len(self._joining)
+        if target is None or pending or len(self.live) >= target:
+            return  # one automatic start at a time: its placement group takes the room it saw
+        if self._room() >= 1:
+            self._begin_start(None)
+
+    def _done(self, request_id: int | None, note: str, failed: bool = False) -> None:
+        """One replica of a request joined, shut down or failed to start."""
+        if request_id is None:
+            return
+        self._outstanding[request_id] -= 1
+        self._notes[request_id].append(note)
+        if failed:
+            self._failed.add(request_id)
+        self._report(request_id)
+
+    def _report(self, request_id: int) -> None:
+        if self._outstanding[request_id] > 0:
+            state = "in progress"
+        elif request_id in self._failed:
+            state = "failed"  # a replica did not start
+        elif request_id in self._refused:
+            state = "partial" if request_id in self._acted else "refused"  # partial: did what fitted
+        else:
+            state = "done"
+        self._controller.resolve.remote(request_id, state, "; ".join(self._notes[request_id]))
+
+
+def _dead_replicas(replicas: list[RolloutReplica]) -> dict[int, str]:
+    """Replica rank -> why, for replicas with a process that is gone (hung ones are the sync's deadline)."""
+    probes = {
+        handle.__ray_ready__.remote(): replica.replica_rank
+        for replica in replicas
+        for handle in {*replica.workers, *replica.servers}
+    }
+    ray.wait(list(probes), num_returns=len(probes), timeout=LIVENESS_TIMEOUT_S)
+    dead: dict[int, str] = {}
+    for probe, rank in probes.items():
+        try:
+            ray.get(probe, timeout=0)
+        except ray.exceptions.RayActorError as error:
+            dead.setdefault(rank, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        except ray.exceptions.GetTimeoutError:
+            pass
+    return dead

@@ -1,0 +1,225 @@
+"""Off-policy policy losses from ROLL, registered as verl policy losses: ``topr``, ``kimi15``, ``tis_pg``, ``reinforce``.
+
+What: four REINFORCE-family losses, selected with verl's own key
+``actor_rollout_ref.actor.policy_loss.loss_mode=<name>`` and tuned with the keys of
+``OffPolicyLossConfig`` below (the one place their defaults live), e.g.
+``+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5`` (``+``: the keys are not in verl's YAML).
+
+Why: with staleness >= 1 every batch is off-policy; these losses are the ones ROLL ships for
+that case, behind verl's ``register_policy_loss`` so the actor needs no change.
+
+How they plug in:
+
+- the actor looks a loss up by name in verl's registry in each worker process: the recipe's verl
+  plugin (``verl_plugin.py``, imported at ``import verl`` in every process) imports this module;
+- ``policy_loss._target_`` is ``OffPolicyLossConfig`` (``config/one_step_off_base.yaml``), a subclass
+  of verl's ``PolicyLossConfig`` with the extra keys: verl builds the actor config with hydra's
+  ``instantiate``, which rejects keys its target does not declare.
+
+Every loss follows verl's contract (``compute_policy_loss_vanilla``): a per-token loss matrix,
+multiplied by ``rollout_is_weights`` when verl's rollout correction provides them, aggregated by
+``agg_loss`` with ``config.global_batch_info``; the ratio is pi/pi_old, where pi_old is verl's
+``old_log_prob`` (in decoupled mode the actor's recomputed log-probs; the rollout-vs-actor gap is
+what ``rollout_is_weights`` correct). Run ``python -m pytest tests/test_losses_on_cpu.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import verl.utils.torch_functional as verl_F
+from omegaconf import DictConfig, OmegaConf
+from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.workers.config import ActorConfig, PolicyLossConfig
+
+from recipe.one_step_off_async.errors import ConfigError
+
+LOSS_MODES = ("topr", "kimi15", "tis_pg", "reinforce")
+
+
+@dataclass
+class OffPolicyLossConfig(PolicyLossConfig):
+    """verl's ``policy_loss`` section plus the keys of this module's losses (defaults = ROLL's)."""
+
+    topr_positive_weight: float = field(
+        default=1.0,
+        metadata={"help": "topr: weight of the plain REINFORCE term of tokens with advantage > 0 (>= 0)."},
+    )
+    topr_negative_weight: float = field(
+        default=1.0,
+        metadata={"help": "topr: weight of the tapered term of tokens with advantage <= 0 (>= 0)."},
+    )
+    kimi15_tau: float = field(
+        default=0.1,
+        metadata={
+            "help": "kimi15: tau of the tau/2 (log pi - log pi_old)^2 penalty (>= 0). The Kimi k1.5 report "
+            "gives no value; 0.1 is ROLL's default."
+        },
+    )
+    tis_lower_bound: float = field(
+        default=0.0, metadata={"help": "tis_pg: lower truncation of pi/pi_old (>= 0; ROLL's default)."}
+    )
+    tis_upper_bound: float = field(
+        default=1.0, metadata={"help": "tis_pg: upper truncation of pi/pi_old (>= tis_lower_bound; ROLL's default)."}
+    )
+
+
+CONFIG_TARGET = f"{OffPolicyLossConfig.__module__}.{OffPolicyLossConfig.__qualname__}"
+_OWN_KEYS = tuple(f.name for f in fields(OffPolicyLossConfig) if f.name not in PolicyLossConfig.__dataclass_fields__)
+
+
+def validate_policy_loss(config: DictConfig) -> None:
+    """Refuse unknown ``policy_loss`` keys and bad values of this module's keys, naming the key."""
+
+    prefix = "actor_rollout_ref.actor.policy_loss"
+    section = OmegaConf.to_container(OmegaConf.select(config, prefix, default={}) or {}, resolve=True)
+    known = set(OffPolicyLossConfig.__dataclass_fields__)
+    target = section.get("_target_")
+    if (section.get("loss_mode") in LOSS_MODES or set(section) & set(_OWN_KEYS)) and target != CONFIG_TARGET:
+        raise ConfigError(
+            f"{prefix}._target_={target}: the recipe's losses and their keys need {prefix}._target_={CONFIG_TARGET} "
+            "(the recipe's configs set it; a config that does not start from them must too)."
+        )
+    known.add("_target_")
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ConfigError(
+            f"Unknown key(s) {', '.join(f'{prefix}.{key}' for key in unknown)}; the keys of this recipe's losses "
+            f"are {', '.join(_OWN_KEYS)} (see recipe/one_step_off_async/losses.py)."
+        )
+    values = {name: section.get(name, OffPolicyLossConfig.__dataclass_fields__[name].default) for name in _OWN_KEYS}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ConfigError(f"{prefix}.{name}={value!r} must be a number >= 0.")
+    if values["tis_lower_bound"] > values["tis_upper_bound"]:
+        raise ConfigError(
+            f"{prefix}.tis_lower_bound={values['tis_lower_bound']!r} is above "
+            f"{prefix}.tis_upper_bound={values['tis_upper_bound']!r}; the truncation range must be [lower, upper]."
+        )
+    bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
+    if section.get("loss_mode") in LOSS_MODES and bypass:
+        raise ConfigError(
+            f"{prefix}.loss_mode={section['loss_mode']!r} with algorithm.rollout_correction.bypass_mode=true: "
+            "verl's bypass mode replaces the loss with its own `bypass_mode` loss. Set bypass_mode=false."
+        )
+
+
+def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor):
+    """pi/pi_old (log clamped to +-20, as verl's losses do) and verl's ``actor/ppo_kl``."""
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    return torch.exp(log_ratio), verl_F.masked_mean(-log_ratio, response_mask)
+
+
+def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights):
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    return agg_loss(
+        loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
+    )
+
+
+@register_policy_loss("reinforce")
+def compute_policy_loss_reinforce(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: ActorConfig | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Plain REINFORCE, ``-A * log pi`` (ROLL's ``vanilla``; verl's ``vanilla`` is PPO-clip). No ratio, no clip."""
+    assert config is not None
+    _, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+    pg_loss = _aggregate(-advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {"actor/ppo_kl": ppo_kl.detach().item()}
+
+
+@register_policy_loss("kimi15")
+def compute_policy_loss_kimi15(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: ActorConfig | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Kimi k1.5 (arXiv 2501.12599, eq. 3): ``-A * log pi + tau/2 * (log pi - log pi_old)^2``.
+
+    The paper squares the log-ratio of the whole response; here, as in ROLL, the penalty is per
+    token, so it aggregates with every ``loss_agg_mode`` like the REINFORCE term.
+    """
+    assert config is not None
+    tau = config.policy_loss.kimi15_tau
+    _, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+    pg_losses = -advantages * log_prob + 0.5 * tau * (log_prob - old_log_prob).square()
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {"actor/ppo_kl": ppo_kl.detach().item()}
+
+
+@register_policy_loss("tis_pg")
+def compute_policy_loss_tis_pg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: ActorConfig | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Truncated-IS REINFORCE (ROLL's ``tis``): ``-sg(clip(pi/pi_old, lo, hi)) * A * log pi``.
+
+    ``lo, hi`` = ``tis_lower_bound, tis_upper_bound``. ``actor/pg_clipfrac`` is the share of tokens
+    truncated from above, ``actor/pg_clipfrac_lower`` from below.
+    """
+    assert config is not None
+    low, high = config.policy_loss.tis_lower_bound, config.policy_loss.tis_upper_bound
+    ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+    weight = torch.clamp(ratio, min=low, max=high).detach()
+    pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {
+        "actor/pg_clipfrac": verl_F.masked_mean((ratio > high).float(), response_mask).item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/pg_clipfrac_lower": verl_F.masked_mean((ratio < low).float(), response_mask).item(),
+    }
+
+
+@register_policy_loss("topr")
+def compute_policy_loss_topr(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: ActorConfig | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Tapered Off-Policy REINFORCE (arXiv 2503.14286, eq. 8).
+
+    Positive tokens take the plain REINFORCE term ``-w+ * A * log pi``; the others take it tapered by
+    the stop-gradient ratio truncated to [0, 1]: ``-w- * sg(clip(pi/pi_old, 0, 1)) * A * log pi``
+    (``w+, w-`` = ``topr_positive_weight, topr_negative_weight``).
+
+    "Positive" is the sign of the advantage of the token, ``A > 0``. The paper (and ROLL, which
+    tests ``score > 0``) splits by the sign of the reward; the loss sees only advantages, and with a
+    baseline (GRPO, RLOO) the sign of ``R - b`` is what makes an update push a sample's probability
+    down, the case the taper exists to bound. For outcome advantages (constant along a response)
+    this is the sign of the response's advantage; ``A = 0`` gives no gradient on either side.
+    ``actor/pg_clipfrac`` is the share of tokens whose ratio the taper cut to 1 (negative tokens
+    with pi > pi_old); a ratio is never below 0, so there is no lower clip fraction.
+    """
+    assert config is not None
+    positive_weight = config.policy_loss.topr_positive_weight
+    negative_weight = config.policy_loss.topr_negative_weight
+    ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+    positive = advantages > 0
+    weight = torch.where(positive, positive_weight, negative_weight * torch.clamp(ratio, max=1.0)).detach()
+    pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {
+        "actor/pg_clipfrac": verl_F.masked_mean((~positive & (ratio > 1.0)).float(), response_mask).item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/topr_positive_frac": verl_F.masked_mean(positive.float(), response_mask).item(),
+    }

@@ -1,0 +1,223 @@
+"""verl platform plugin for machines without accelerators (device ``cpu``, backend ``gloo``).
+
+verl 0.9.1 routes every device query through ``verl.plugin.platform.get_platform()``; the
+built-in platforms are CUDA, NPU and ROCm. Registering ``PlatformCPU`` under the name ``cpu``
+and selecting it with ``VERL_PLATFORM=cpu`` lets verl's own workers (FSDP2 engine, Ray worker
+groups, checkpoint engines) run unchanged on CPU. ``recipe.one_step_off_async.cpu.activate``
+sets that variable for the driver and every Ray worker; users never set it by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from verl.plugin.platform import PlatformBase, PlatformRegistry
+
+from recipe.one_step_off_async.platforms import verl_patches
+
+PLATFORM_NAME = "cpu"
+
+
+class CPUDeviceModule:
+    """Stand-in for ``torch.cuda``: verl calls ``get_torch_device().<fn>()`` all over its code.
+
+    Memory queries report 0 (there is no device memory to account for); seeding and RNG state go
+    to the CPU generator; anything else falls through to ``torch.cpu``.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(torch.cpu, name)
+        except AttributeError:
+            raise AttributeError(f"the cpu platform's device module has no attribute {name!r}") from None
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def get_device_name(*_args, **_kwargs) -> str:
+        return "CPU"
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def set_device(*_args, **_kwargs) -> None:
+        pass
+
+    @staticmethod
+    def synchronize(*_args, **_kwargs) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def get_rng_state(*_args, **_kwargs) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, *_args, **_kwargs) -> None:
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def memory_allocated(*_args, **_kwargs) -> int:
+        return 0
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    @staticmethod
+    def reset_peak_memory_stats(*_args, **_kwargs) -> None:
+        pass
+
+    @staticmethod
+    def mem_get_info(*_args, **_kwargs) -> tuple[int, int]:
+        import psutil
+
+        memory = psutil.virtual_memory()
+        return memory.available, memory.total
+
+
+@PlatformRegistry.register(platform=PLATFORM_NAME)
+class PlatformCPU(PlatformBase):
+    """Device ``cpu``, collectives over ``gloo``, one Ray ``CPU`` per "GPU" slot of a pool."""
+
+    _device_module = CPUDeviceModule()
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> CPUDeviceModule:
+        return self._device_module
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        # Never auto-detected: only chosen explicitly through VERL_PLATFORM=cpu.
+        return False
+
+    def current_device(self) -> torch.device:
+        # verl feeds get_device_id() to `.to(...)` and `torch.device(...)`; an int would mean
+        # "accelerator 0" and fail on a CPU-only torch.
+        return torch.device("cpu")
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        pass
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        pass
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        pass
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        # No device isolation on CPU; a name nobody reads keeps verl's env plumbing inert.
+        return "VERL_CPU_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        pass
+
+    def profiler_stop(self) -> None:
+        pass
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        # Ray rejects {"resources": {"CPU": n}}: CPUs are requested through num_cpus.
+        return {"num_cpus": num_gpus}
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> None:
+        return None
+
+
+def is_selected() -> bool:
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
+
+
+def env_vars() -> dict[str, str]:
+    """Environment every process of a CPU run needs (the driver's and each Ray worker's)."""
+    return {
+        "VERL_PLATFORM": PLATFORM_NAME,
+        # verl registers its FSDP engines for devices cuda/npu only; this verl-provided override
+        # (verl/workers/engine/base.py, EngineRegistry.get_engine_cls) selects them on CPU.
+        "VERL_ENGINE_DEVICE": "cuda",
+        # Offline by construction: the CPU profile only uses assets built locally.
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # One intra-op thread per process: a CPU run already has one process per "GPU" slot.
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def apply() -> None:
+    """In this process: patch verl for the CPU platform when it is selected (idempotent).
+
+    Runs before verl first resolves its platform (``get_platform()`` caches it): at ``import verl``
+    through the recipe's plugin, or from ``activate()``.
+    """
+    if is_selected():
+        verl_patches.apply_all()
+
+
+def activate() -> dict[str, str]:
+    """Select the CPU platform in this process; return the env vars for Ray's runtime env."""
+    env = env_vars()
+    os.environ.update(env)
+    apply()
+    return env

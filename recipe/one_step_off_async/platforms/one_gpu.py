@@ -1,0 +1,72 @@
+"""Both pools on ONE physical GPU: the recipe's GPU path (vLLM, nccl, FSDP2) on a workstation.
+
+    python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_1gpu
+
+The actor and the rollout replica stay on disjoint Ray pools of one logical GPU each, and both
+time-share the physical device. This is for trying the GPU path before renting a node and for
+testing it on one GPU; the pools compete for the GPU, so its timings are not those of disjoint GPUs.
+Switched on by ``async_training.one_gpu=true`` (the profile sets it); three things make it work:
+
+- Ray gets two logical GPUs (``ray_init.num_gpus=2``) and ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``,
+  so no worker has the device hidden from it.
+- verl 0.9.1 turns Ray's accelerator ids into ``LOCAL_RANK`` / ``set_device``
+  (``verl/single_controller/base/worker.py``) and into the vLLM server's ``CUDA_VISIBLE_DEVICES``
+  (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``). The second logical GPU, "1", does
+  not exist, so ``RuntimeContext.get_accelerator_ids`` reports every GPU id as "0".
+- NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). A ``NCCL_HOSTID`` of its own in
+  every process makes NCCL treat them as two hosts, which talk over its socket transport.
+
+Like the CPU platform, it is applied in every process that imports verl by the recipe's verl plugin
+(``verl_plugin.py``), when ``env_vars()`` is in that process's environment. ``tests/test_one_gpu_on_cpu.py`` notices when verl stops
+reading the accelerator ids where the patch expects.
+"""
+
+from __future__ import annotations
+
+import os
+
+ACTIVE_ENV = "ONE_STEP_OFF_ONE_GPU"
+LOGICAL_GPUS = 2  # one per pool
+
+
+def is_selected() -> bool:
+    return os.environ.get(ACTIVE_ENV) == "1"
+
+
+def env_vars() -> dict[str, str]:
+    """Environment every process of a one-GPU run needs (the driver's and each Ray worker's)."""
+    return {
+        ACTIVE_ENV: "1",
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+    }
+
+
+def activate() -> dict[str, str]:
+    """Switch this process to the one-GPU layout; return the env vars for Ray's runtime env."""
+    env = env_vars()
+    os.environ.update(env)
+    apply()
+    return env
+
+
+def _every_gpu_is_device_zero(get_accelerator_ids):
+    def get_accelerator_ids_on_one_gpu(self):
+        ids = dict(get_accelerator_ids(self))
+        if ids.get("GPU"):
+            ids["GPU"] = ["0"] * len(ids["GPU"])
+        return ids
+
+    get_accelerator_ids_on_one_gpu.one_gpu_patched = True
+    return get_accelerator_ids_on_one_gpu
+
+
+def apply() -> None:
+    """When selected: patch Ray's accelerator ids and give this process its own NCCL host id (idempotent)."""
+    if not is_selected():
+        return
+    from ray.runtime_context import RuntimeContext
+
+    # Overwritten, not setdefault: Ray workers inherit the driver's value.
+    os.environ["NCCL_HOSTID"] = f"one-gpu-{os.getpid()}"
+    if not getattr(RuntimeContext.get_accelerator_ids, "one_gpu_patched", False):
+        RuntimeContext.get_accelerator_ids = _every_gpu_is_device_zero(RuntimeContext.get_accelerator_ids)

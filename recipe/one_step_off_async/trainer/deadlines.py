@@ -1,0 +1,104 @@
+"""Deadlines on the driver's calls into verl's rollout and weight-sync managers, and the stand-in
+rollout manager that hands verl's generation step a generation that already ran.
+
+verl's ``fit()`` makes two calls that wait forever on a hung rollout replica: the first weight sync
+(``checkpoint_manager.update_weights`` before the training loop) and validation (``_validate``
+calls ``async_rollout_manager.generate_sequences`` on the driver thread). The trainer wraps both
+managers once, so these calls and the pipeline's own ones fail after ``async_training``'s
+timeouts with a message naming what was awaited, like every other wait of the recipe.
+
+A call that times out keeps running on its daemon thread until the process exits (a Ray call
+cannot be cancelled from the caller); the run fails right away and Ray tears the workers down.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from recipe.one_step_off_async.errors import PipelineTimeoutError
+
+T = TypeVar("T")
+
+
+def call_with_deadline(fn: Callable[[], T], timeout_s: float, describe: Callable[[], str]) -> T:
+    """``fn()`` on a daemon thread; its result or exception, or ``PipelineTimeoutError(describe())``."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as error:  # handed to the caller, not swallowed
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="deadline-call", daemon=True).start()
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise PipelineTimeoutError(describe()) from None
+
+
+class _Passthrough:
+    """Every attribute but the bounded method is the wrapped manager's."""
+
+    def __init__(self, manager: Any, timeout_s: float) -> None:
+        self.manager = manager
+        self.timeout_s = timeout_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.manager, name)
+
+
+class BoundedCheckpointManager(_Passthrough):
+    """verl's ``CheckpointEngineManager`` whose ``update_weights`` fails after ``sync_timeout_s``."""
+
+    def __init__(self, manager: Any, timeout_s: float, backend: str) -> None:
+        super().__init__(manager, timeout_s)
+        self.backend = backend
+
+    def sleep_replicas(self) -> None:
+        """Nothing to free: the rollout pool is disjoint from the actor's, so its replicas stay resident
+        (verl's generation step sleeps them to lend colocated GPUs to training)."""
+
+    def update_weights(self, global_steps: int) -> dict:
+        return call_with_deadline(
+            lambda: self.manager.update_weights(global_steps),
+            self.timeout_s,
+            lambda: (
+                f"Syncing weights v{global_steps} from the actor to the rollout replicas did not finish within "
+                f"{self.timeout_s:g} s (async_training.sync_timeout_s). A rollout worker or the checkpoint "
+                f"engine ({self.backend}) is stuck."
+            ),
+        )
+
+
+class BoundedRolloutManager(_Passthrough):
+    """verl's ``AgentLoopManager`` whose ``generate_sequences`` fails after ``generation_timeout_s``."""
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        purpose = "validation" if prompts.meta_info.get("validate") else "training"
+        step = prompts.meta_info.get("global_steps")
+        return call_with_deadline(
+            lambda: self.manager.generate_sequences(prompts),
+            self.timeout_s,
+            lambda: (
+                f"Generation of the batch for {purpose} step {step} did not finish within {self.timeout_s:g} s "
+                f"(async_training.generation_timeout_s; {len(prompts)} samples). The rollout replicas may be hung "
+                "or overloaded; check their logs, or raise the timeout for very long generations."
+            ),
+        )
+
+
+class Replayed:
+    """Stands in for the rollout manager inside verl's ``_fit_generate``: returns the pipeline's finished
+    generation of the step's batch instead of generating it again."""
+
+    def __init__(self, output: Any) -> None:
+        self.output = output
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        if len(prompts) != len(self.output):
+            raise ValueError(f"verl asked for {len(prompts)} samples; the pipeline generated {len(self.output)}")
+        return self.output

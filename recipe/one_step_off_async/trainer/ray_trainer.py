@@ -1,0 +1,290 @@
+"""OneStepOffRayTrainer: verl's PPO step with generation ``staleness`` batches ahead of training.
+
+The actor (FSDP2, verl's engine worker with role ``actor``) lives on the trainer pool; rollout
+replicas live on their own pool (verl's standalone replicas: vLLM on GPUs, the recipe's ``hf``
+replica on CPU). This class reuses verl's step template (``SeparateRayPPOTrainer.fit_step``:
+generate -> reward -> old log-prob -> advantage -> update -> weight sync) and overrides only the seams
+that decide where a batch comes from and when weights move:
+
+- the train dataloader becomes a ``RolloutPipeline`` whose items already have their generation in
+  flight, so verl's ``fit()`` runs unmodified;
+- ``_fit_generate`` waits for the item's generation, then runs verl's own generation step on it;
+- ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k (every
+  ``sync_interval`` steps, and on validation and checkpoint steps), so no sequence mixes two versions;
+- the step ends by launching the generation s+1 steps ahead (``_fit_postprocess_step``);
+- checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
+
+staleness 0 is the synchronous baseline on the same pools and the same code: one queue slot.
+
+    rollout pool:  G1 | G2 ........ | G3 ........ | G4        (staleness 1)
+    actor pool:       | T1 | S      | T2 | S      | T3 | S
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import ray
+import torch
+from omegaconf import DictConfig
+from verl import DataProto
+from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+from verl.single_controller.ray import RayClassWithInitArgs
+from verl.trainer.ppo.metric_utils import compute_throughout_metrics
+from verl.trainer.ppo.utils import Role
+from verl.utils.debug import marked_timer
+
+from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.errors import CheckpointError
+from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
+from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards, measured_weight_version
+from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager, Replayed
+from recipe.one_step_off_async.trainer.pipeline import InFlightBatch, RolloutPipeline, expected_weight_version
+from recipe.one_step_off_async.trainer.resume import resume_folder
+from recipe.one_step_off_async.trainer.rollout_pool import FixedRolloutPool
+
+
+class OneStepOffRayTrainer(SeparateRayPPOTrainer):
+    """PPO/GRPO on disjoint actor and rollout pools with ``async_training.staleness`` batches in flight.
+
+    The policy worker group is registered under ``Role.ActorRollout`` because verl's step code
+    addresses it so; it runs the actor only (``role="actor"``), rollout is on its own pool.
+    """
+
+    def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs) -> None:
+        self.async_config = validate_config(config)
+        with hybrid_engine_assert_disabled(config):
+            super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs)
+        self.rollout_pool = FixedRolloutPool()
+        self._clock_origin = time.time()
+
+    # ------------------------------------------------------------------ workers
+
+    def _create_actor_rollout_classes(self) -> None:
+        pool = self.resource_pool_manager.get_resource_pool(Role.ActorRollout)
+        actor_cls = RayClassWithInitArgs(
+            cls=self.role_worker_mapping[Role.ActorRollout], config=self.config.actor_rollout_ref, role="actor"
+        )
+        self.resource_pool_to_cls[pool][str(Role.ActorRollout)] = actor_cls
+
+    def init_workers(self) -> None:
+        super().init_workers()
+        self._start_pipeline()
+        if self.async_config.elastic.enable:
+            from verl.plugin.platform import get_platform
+
+            from recipe.one_step_off_async.elastic.pool import ElasticRolloutPool
+
+            self.rollout_pool = ElasticRolloutPool(
+                self.async_config.elastic,
+                self.llm_server_manager,
+                self.checkpoint_manager,
+                self._pool_controller,
+                device_resource=get_platform().ray_resource_name(),
+            )
+            print(
+                f"[elastic] {len(self.rollout_pool.live)} rollout replica(s). Add or remove replicas while it runs: "
+                "python -m recipe.one_step_off_async.scale --add 1 (or --remove 1, --status) --address "
+                f"{ray.get_runtime_context().gcs_address} --experiment {self.config.trainer.experiment_name}"
+            )
+
+    def _start_pipeline(self) -> None:
+        """Bound verl's managers and put the rollout pipeline behind the train-dataloader seam."""
+        # verl's fit() syncs v_0 and _validate() generates on this thread with no deadline: bound every call.
+        self.checkpoint_manager = BoundedCheckpointManager(
+            self.checkpoint_manager,
+            self.async_config.sync_timeout_s,
+            self.config.actor_rollout_ref.rollout.checkpoint_engine.backend,
+        )
+        rollout = self.async_rollout_manager
+        self.async_rollout_manager = BoundedRolloutManager(rollout, self.async_config.generation_timeout_s)
+        self.train_dataloader = RolloutPipeline(
+            self.train_dataloader,
+            staleness=self.async_config.staleness,
+            prepare=self._prepare_generation,
+            generate=rollout.generate_sequences,  # the pipeline bounds its own waits
+            total_epochs=self.config.trainer.total_epochs,
+        )
+
+    def _init_async_rollout_manager(self) -> None:
+        from verl.experimental.agent_loop import AgentLoopManager
+        from verl.workers.rollout.llm_server import LLMServerManager
+
+        client_options = {}
+        if self.async_config.elastic.enable:
+            from recipe.one_step_off_async.elastic.client import ElasticLLMServerClient
+            from recipe.one_step_off_async.elastic.controller import start_controller
+
+            # Before any replica loads: a second job under the same name fails here, in seconds.
+            self._pool_controller = start_controller(self.config.trainer.experiment_name)
+            client_options = {"client_cls": ElasticLLMServerClient, "controller": self._pool_controller}
+        # Standalone replicas on their own pool: LLMServerManager gets no worker group.
+        self.llm_server_manager = LLMServerManager.create(config=self.config)
+        self.async_rollout_mode = True
+        self.async_rollout_manager = AgentLoopManager.create(
+            config=self.config,
+            llm_client=self.llm_server_manager.get_client(**client_options),
+            reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
+        )
+
+    # ------------------------------------------------------------------ the step's seams
+
+    def fit(self) -> None:
+        try:
+            super().fit()
+            self._shutdown_dump_executor()  # the last step's rollout dump lands before the process ends
+        finally:
+            self.train_dataloader.close()
+            self.rollout_pool.close()
+            if self.progress_bar is not None:
+                self.progress_bar.close()
+
+    def _prepare_generation(self, batch_dict: dict, step: int) -> tuple[DataProto, DataProto]:
+        """Build the step's batch (with uids) and the prompts sent to the rollout pool."""
+        batch = super()._fit_get_batch(batch_dict)
+        gen_batch = self._get_gen_batch(batch)
+        gen_batch.meta_info["global_steps"] = step
+        gen_batch = gen_batch.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
+        return batch, gen_batch
+
+    def _fit_get_batch(self, in_flight: InFlightBatch) -> InFlightBatch:
+        # The pipeline built the batch when it launched its generation.
+        self.metrics["timeline/step_start"] = time.time() - self._clock_origin
+        return in_flight
+
+    def _fit_generate(self, in_flight: InFlightBatch) -> DataProto:
+        step = in_flight.step
+        with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step):
+            generated = in_flight.result(timeout_s=self.async_config.generation_timeout_s)
+        ready_at = time.time()
+        # verl's generation step on the output that is already here: it joins it to the prompts and adds the
+        # response mask, batch balancing, token counts and multi-modal lengths as in synchronous training.
+        with self._rollout_replaying(generated.output):
+            batch = super()._fit_generate(in_flight.prompts)
+        self.timing_raw["gen"] = generated.seconds
+
+        rollout, correction = self.config.actor_rollout_ref.rollout, self.config.algorithm.get("rollout_correction")
+        reward = self.config.reward.custom_reward_function
+        check_rewards(step, batch, reward_function=f"{reward.path or 'verl default'}:{reward.name}")
+        check_correction_inputs(step, batch, correction is not None, rollout.name)
+        expected = expected_weight_version(
+            step, self.async_config.staleness, self.train_dataloader.first_step - 1, self._syncs_at
+        )
+        contract = f"staleness {self.async_config.staleness}, sync_interval {self.async_config.sync_interval}"
+        version = measured_weight_version(step, generated.output, expected, rollout.name, contract)
+        self.metrics.update(
+            {
+                "async/staleness": (step - 1) - version,  # measured: v_{k-1} minus the rollout's version
+                "async/weight_version": version,
+                "async/in_flight": self.train_dataloader.in_flight,
+                "timeline/gen_start": generated.started_at - self._clock_origin,
+                "timeline/gen_end": generated.finished_at - self._clock_origin,
+                "timeline/train_start": ready_at - self._clock_origin,
+                **self.rollout_pool.batch_metrics(generated.output),
+            }
+        )
+        return batch
+
+    @contextlib.contextmanager
+    def _rollout_replaying(self, output: DataProto) -> Iterator[None]:
+        manager, self.async_rollout_manager = self.async_rollout_manager, Replayed(output)
+        try:
+            yield
+        finally:
+            self.async_rollout_manager = manager
+
+    def _validates_at(self, step: int) -> bool:
+        """verl's ``_fit_validate`` condition: validation runs after the sync of this step."""
+        test_freq = self.config.trainer.test_freq
+        return test_freq > 0 and (step >= self.total_training_steps or step % test_freq == 0)
+
+    def _saves_at(self, step: int) -> bool:
+        """verl's ``_fit_save_checkpoint`` condition (less its unpredictable ESI-expiry saves)."""
+        save_freq = self.config.trainer.save_freq
+        return save_freq > 0 and (step >= self.total_training_steps or step % save_freq == 0)
+
+    def _syncs_at(self, step: int) -> bool:
+        # Validation at step k evaluates v_k; a checkpoint at step k leaves the rollout at v_k too, so a
+        # run resumed from it continues with the versions of the uninterrupted run.
+        return step % self.async_config.sync_interval == 0 or self._validates_at(step) or self._saves_at(step)
+
+    def _fit_update_weights(self) -> None:
+        sync_start = sync_end = train_end = time.time()
+        step, pool = self.global_steps, self.rollout_pool
+        synced = self._syncs_at(step)
+        pool.poll(step)  # losses, scale requests, replicas that came up
+        if synced:
+            # Generations launched with the previous weights finish before the new ones arrive.
+            with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step + 1):
+                self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
+            pool.before_sync(step)  # idle: the pool's membership may change now
+            sync_start = time.time()
+            with marked_timer("sync_weights", self.timing_raw), self._failures_named(step):
+                self.metrics.update(self.checkpoint_manager.update_weights(step) or {})
+            sync_end = time.time()
+            pool.after_sync(step)  # replicas that got v_step take requests from now on
+        else:
+            self.timing_raw["sync_weights"] = 0.0  # between syncs (sync_interval > 1) the rollout keeps its weights
+        step_start = self.metrics["timeline/step_start"] + self._clock_origin
+        self.metrics.update(
+            {
+                "timeline/train_end": train_end - self._clock_origin,
+                "timeline/sync_start": sync_start - self._clock_origin,
+                "timeline/sync_end": sync_end - self._clock_origin,
+                "async/synced": float(synced),
+                # What the rollout pool generated while this step ran (for s >= 1, the batches ahead).
+                "async/gen_in_step_s": self.train_dataloader.busy_seconds(step_start, sync_end),
+                **pool.metrics(),
+            }
+        )
+        pool.publish(step)
+
+    def _fit_postprocess_step(self) -> None:
+        super()._fit_postprocess_step()
+        # The step is over and its weights are synced: start the batch s+1 steps ahead with them.
+        self.train_dataloader.launch_ahead()
+
+    @contextlib.contextmanager
+    def _failures_named(self, step: int) -> Iterator[None]:
+        """A generation or sync that failed because the rollout pool lost too many replicas fails by that name."""
+        try:
+            yield
+        except Exception as error:
+            lost = self.rollout_pool.explain_failure(step)
+            if lost is not None:
+                raise lost from error
+            raise
+
+    def _fit_collect_metrics(self, batch: DataProto) -> None:
+        super()._fit_collect_metrics(batch)
+        # verl divides by its resource pools, which hold the trainer only: count the rollout pool too
+        # (one physical device when both pools share it).
+        trainer, rollout = self.config.trainer, self.config.actor_rollout_ref.rollout
+        devices = trainer.nnodes * trainer.n_gpus_per_node + rollout.nnodes * rollout.n_gpus_per_node
+        devices = 1 if self.async_config.one_gpu else devices
+        self.metrics.update(compute_throughout_metrics(batch=batch, timing_raw=self.timing_raw, n_gpus=devices))
+        # (max(gen, train) + sync) / step, with gen = generation that ran during this step: 1.0 when
+        # the slower pool never waits for the faster one, (max + sync) / (gen + train + sync) in lockstep.
+        timing = self.timing_raw
+        sync = timing["sync_weights"]
+        train = timing["step"] - timing["wait_prev_gen"] - sync
+        self.metrics["timing_s/train"] = train
+        gen = self.metrics["async/gen_in_step_s"]
+        self.metrics["async/overlap_efficiency"] = (max(gen, train) + sync) / timing["step"]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _load_checkpoint(self) -> None:
+        # The folder was verified before Ray started (launch.prepare_config).
+        folder = resume_folder(self.config.trainer)
+        if folder is not None:
+            try:
+                super()._load_checkpoint()
+            except Exception as error:
+                raise CheckpointError(f"Resuming from {folder} failed: {error}") from error
+            # verl skips the dataloader state at epoch boundaries and restarts the sampler, which
+            # reshuffles differently from an uninterrupted run; the pipeline always restores it.
+            self.train_dataloader.load_state_dict(torch.load(folder / "data.pt", weights_only=False))
+        self.train_dataloader.start(first_step=self.global_steps + 1, last_step=self.total_training_steps)

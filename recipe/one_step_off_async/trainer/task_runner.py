@@ -1,0 +1,77 @@
+"""The Ray actor that builds the datasets, the worker mapping and the trainer inside the cluster, then trains.
+
+``main_ppo`` hands it to verl's ``run_ppo`` (``task_runner_class``), as verl's own entry point does
+with its ``TaskRunner``: the actor and the critic train on verl's engine workers, the rollout runs on
+the replicas of ``actor_rollout_ref.rollout.name``.
+"""
+
+from __future__ import annotations
+
+import os
+from pprint import pprint
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from recipe.one_step_off_async.errors import ConfigError
+
+
+@ray.remote(num_cpus=1)
+class OneStepOffTaskRunner:
+    def run(self, config: DictConfig) -> None:
+        from verl.experimental.separation.utils import create_resource_pool_manager
+        from verl.trainer.ppo.utils import (
+            Role,
+            create_rl_dataset,
+            create_rl_sampler,
+            need_critic,
+            need_reference_policy,
+        )
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+        from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+        from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
+
+        print(f"OneStepOffTaskRunner pid {os.getpid()}")
+        pprint(OmegaConf.to_container(config, resolve=True))
+        role_worker_mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
+        if need_critic(config):
+            role_worker_mapping[Role.Critic] = ray.remote(TrainingWorker)
+        if need_reference_policy(config):
+            role_worker_mapping[Role.RefPolicy] = ray.remote(ActorRolloutRefWorker)
+
+        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        datasets = {
+            split: create_rl_dataset(
+                files,
+                config.data,
+                model_config.tokenizer,
+                model_config.processor,
+                is_train=split == "train",
+                max_samples=config.data.get(f"{split}_max_samples", -1),
+            )
+            for split, files in (("train", config.data.train_files), ("val", config.data.val_files))
+        }
+        for split, dataset in datasets.items():
+            if len(dataset) == 0:
+                raise ConfigError(
+                    f"The {split} data {config.data[f'{split}_files']} has no usable rows: every prompt is longer "
+                    f"than data.max_prompt_length={config.data.max_prompt_length} tokens and was filtered out "
+                    "(data.filter_overlong_prompts). Check the files or raise max_prompt_length."
+                )
+        trainer = OneStepOffRayTrainer(
+            config,
+            model_config.tokenizer,
+            role_worker_mapping,
+            create_resource_pool_manager(config, role_worker_mapping.keys()),
+            processor=model_config.processor,
+            train_dataset=datasets["train"],
+            val_dataset=datasets["val"],
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, datasets["train"]),
+            device_name=config.trainer.device,
+        )
+        trainer.init_workers()
+        trainer.fit()

@@ -1,0 +1,68 @@
+"""The recipe in every process that imports verl: its backends registered, its platform patches applied.
+
+verl imports the modules listed in ``VERL_USE_EXTERNAL_MODULES`` at ``import verl``
+(``verl/__init__.py``), in the driver and in every Ray worker. This module is the only one of the
+recipe listed there, so it is the one place that decides what of the recipe runs in every process:
+
+- the CPU platform (registered; patched in when ``VERL_PLATFORM=cpu``) and the one-GPU patch (when
+  ``async_training.one_gpu`` put its variable in the environment);
+- the weight-sync engines ``gloo`` and ``checkpoint`` in verl's ``CheckpointEngineRegistry``, so that
+  ``rollout.checkpoint_engine.backend=gloo`` (or ``checkpoint``) works with no ``custom_backend_module``;
+- the ``hf`` rollout replica in verl's ``RolloutReplicaRegistry`` (imported on first lookup), so that
+  ``rollout.name=hf`` works by name;
+- ROLL's off-policy losses in verl's policy-loss registry.
+
+``activate(config)`` does the same in the driver (before Ray starts) and returns the environment
+every Ray worker needs (``launch.prepare_config`` puts it in Ray's runtime env).
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig, OmegaConf
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+from recipe.one_step_off_async import losses  # noqa: F401  (registers the losses)
+from recipe.one_step_off_async.platforms import cpu, one_gpu
+from recipe.one_step_off_async.weight_sync import files, gloo  # noqa: F401  (register the engines)
+
+EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+HF_ROLLOUT = "hf"
+
+
+def _hf_replica() -> type:
+    from recipe.one_step_off_async.rollout.hf.replica import HFReplica
+
+    return HFReplica
+
+
+def apply() -> None:
+    """Register the ``hf`` replica and patch verl for the selected platform, in this process (idempotent)."""
+    RolloutReplicaRegistry.register(HF_ROLLOUT, _hf_replica)
+    cpu.apply()
+    one_gpu.apply()
+
+
+def worker_env(config: DictConfig) -> dict[str, str]:
+    """The environment every process of this run needs: this module first in verl's list (a platform must be
+    registered before verl resolves it), the modules a user listed kept after it, and the platform's variables."""
+    listed = OmegaConf.select(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}") or ""
+    modules = [__name__, *os.environ.get(EXTERNAL_MODULES_ENV, "").split(","), *listed.split(",")]
+    env = {EXTERNAL_MODULES_ENV: ",".join(dict.fromkeys(m for m in modules if m))}
+    if config.trainer.device == cpu.PLATFORM_NAME:
+        env.update(cpu.env_vars())
+    if config.async_training.one_gpu:
+        env.update(one_gpu.env_vars())
+    return env
+
+
+def activate(config: DictConfig) -> dict[str, str]:
+    """Set up this process (the driver) as every worker will be; return the env for Ray's runtime env."""
+    env = worker_env(config)
+    os.environ.update(env)
+    apply()
+    return env
+
+
+apply()

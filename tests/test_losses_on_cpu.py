@@ -1,0 +1,302 @@
+"""The recipe's policy losses (``topr``, ``kimi15``, ``tis_pg``, ``reinforce``): values, gradients, config, registration.
+
+Values and gradients are checked against float64 references written from the papers' formulas
+(per token: the loss term and its derivative w.r.t. log pi, with the stop-gradient ratios held
+constant) and an independent statement of each verl ``loss_agg_mode`` (the weight each token's
+term gets in the aggregate), on random inputs with padding, for every mode verl offers and with
+and without rollout-correction weights. The losses are called through verl's registry, as the
+actor calls them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import ActorConfig
+
+from recipe.one_step_off_async import losses, verl_plugin
+from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, validate_policy_loss
+
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+PARAMS = {  # not the defaults, so a key that does not reach the loss shows
+    "kimi15_tau": 0.3,
+    "tis_lower_bound": 0.8,
+    "tis_upper_bound": 1.2,
+    "topr_positive_weight": 0.7,
+    "topr_negative_weight": 1.3,
+}
+B, T = 6, 7
+
+
+def compose_config(*overrides: str):
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        return compose(config_name="one_step_off_ppo_cpu", overrides=list(overrides))
+
+
+def batch(seed: int):
+    """Random float64 inputs: padded responses (one fully padded), ratios on both sides of 1 and of [0.8, 1.2]."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([T, 5, 1, 0, 3, 6])
+    mask = np.arange(T)[None, :] < lengths[:, None]
+    log_prob = np.log(rng.uniform(0.05, 0.95, (B, T)))
+    old_log_prob = log_prob + rng.normal(0.0, 0.4, (B, T))
+    advantages = rng.normal(0.0, 1.0, (B, T))  # per token (GAE-like); sign mixes within a response
+    advantages[1] = 0.9  # an outcome advantage: constant along the response
+    advantages[4] = -1.1
+    is_weights = rng.uniform(0.2, 2.0, (B, T))
+    return mask, log_prob, old_log_prob, advantages, is_weights
+
+
+def reference_term(loss: str, log_prob, old_log_prob, advantages):
+    """(per-token loss, its derivative w.r.t. log pi) from the papers' formulas; ratios are stop-gradient."""
+    ratio = np.exp(log_prob - old_log_prob)
+    if loss == "reinforce":  # REINFORCE: -A log pi
+        return -advantages * log_prob, -advantages
+    if loss == "kimi15":  # Kimi k1.5 eq. 3: -(A log pi - tau/2 (log pi - log pi_old)^2)
+        tau = PARAMS["kimi15_tau"]
+        delta = log_prob - old_log_prob
+        return -advantages * log_prob + tau / 2 * delta**2, -advantages + tau * delta
+    if loss == "tis_pg":  # truncated IS: -[pi/pi_old]_lo^hi A log pi
+        weight = np.clip(ratio, PARAMS["tis_lower_bound"], PARAMS["tis_upper_bound"])
+        return -weight * advantages * log_prob, -weight * advantages
+    if loss == "topr":  # TOPR eq. 8: positive -> w+ A log pi; else w- [pi/pi_old]_0^1 A log pi
+        weight = np.where(
+            advantages > 0, PARAMS["topr_positive_weight"], PARAMS["topr_negative_weight"] * np.minimum(ratio, 1.0)
+        )
+        return -weight * advantages * log_prob, -weight * advantages
+    raise AssertionError(loss)
+
+
+def token_weights(mode: str, mask, info: dict):
+    """d(aggregate)/d(token term), each verl loss_agg_mode stated on its own."""
+    dp = info["dp_size"]
+    lengths = mask.sum(axis=1, keepdims=True)
+    sequences = info["global_batch_size"] or (lengths > 0).sum()
+    if mode == "token-mean":
+        weights = np.full(mask.shape, dp / (info["batch_num_tokens"] or mask.sum()))
+    elif mode == "token-sum":
+        weights = np.full(mask.shape, float(dp))
+    elif mode == "seq-mean-token-sum":
+        weights = np.full(mask.shape, dp / sequences)
+    elif mode == "seq-mean-token-sum-norm":
+        weights = np.full(mask.shape, dp / sequences / (info["loss_scale_factor"] or mask.shape[1]))
+    elif mode == "seq-mean-token-mean":
+        weights = dp / sequences / np.maximum(lengths, 1) * np.ones(mask.shape)
+    else:
+        raise AssertionError(mode)
+    return weights * mask
+
+
+def actor_config(loss: str, mode: str, info: dict) -> ActorConfig:
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=mode,
+        policy_loss=OffPolicyLossConfig(loss_mode=loss, **PARAMS),
+    )
+    config.global_batch_info.update(info)  # what verl's ppo_loss sets before calling the policy loss
+    return config
+
+
+GLOBAL_INFOS = {
+    # one rank, verl passing the global counts of this batch
+    "local": {"dp_size": 1, "batch_num_tokens": 22, "global_batch_size": 5, "loss_scale_factor": None},
+    # one of two ranks: global counts cover both; a fixed scale factor for the -norm mode
+    "dp2": {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 11, "loss_scale_factor": 4},
+    # nothing global: agg_loss falls back to this batch's own counts
+    "none": {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None, "loss_scale_factor": None},
+}
+
+
+@pytest.mark.parametrize("with_is_weights", [False, True], ids=["no-is", "is-weights"])
+@pytest.mark.parametrize("info", list(GLOBAL_INFOS))
+@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("loss", LOSS_MODES)
+def test_value_and_gradient_match_the_papers_formulas(loss, mode, info, with_is_weights):
+    mask, log_prob, old_log_prob, advantages, is_weights = batch(seed=len(loss) + 7 * AGG_MODES.index(mode))
+    assert mask.sum() == 22 and (mask.sum(axis=1) > 0).sum() == 5  # the "local" info describes this batch
+    if not with_is_weights:
+        is_weights = np.ones_like(log_prob)
+    term, derivative = reference_term(loss, log_prob, old_log_prob, advantages)
+    weights = token_weights(mode, mask, GLOBAL_INFOS[info]) * is_weights
+    expected_value = (weights * term).sum()
+    expected_grad = weights * derivative
+
+    log_prob_t = torch.tensor(log_prob, requires_grad=True)
+    value, metrics = get_policy_loss_fn(loss)(
+        old_log_prob=torch.tensor(old_log_prob),
+        log_prob=log_prob_t,
+        advantages=torch.tensor(advantages),
+        response_mask=torch.tensor(mask),
+        loss_agg_mode=mode,
+        config=actor_config(loss, mode, GLOBAL_INFOS[info]),
+        rollout_is_weights=torch.tensor(is_weights) if with_is_weights else None,
+    )
+    value.backward()
+    np.testing.assert_allclose(value.item(), expected_value, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(log_prob_t.grad.numpy(), expected_grad, rtol=1e-7, atol=1e-10)
+    assert metrics["actor/ppo_kl"] == pytest.approx((old_log_prob - log_prob)[mask].mean())
+
+
+def test_clip_metrics_count_the_truncated_tokens():
+    mask, log_prob, old_log_prob, advantages, _ = batch(seed=0)
+    ratio = np.exp(log_prob - old_log_prob)[mask]
+    inputs = {
+        "old_log_prob": torch.tensor(old_log_prob),
+        "log_prob": torch.tensor(log_prob),
+        "advantages": torch.tensor(advantages),
+        "response_mask": torch.tensor(mask),
+        "loss_agg_mode": "token-mean",
+    }
+    _, tis = get_policy_loss_fn("tis_pg")(**inputs, config=actor_config("tis_pg", "token-mean", GLOBAL_INFOS["none"]))
+    assert tis["actor/pg_clipfrac"] == pytest.approx((ratio > 1.2).mean())
+    assert tis["actor/pg_clipfrac_lower"] == pytest.approx((ratio < 0.8).mean())
+    assert 0 < tis["actor/pg_clipfrac"] < 1 and 0 < tis["actor/pg_clipfrac_lower"] < 1
+
+    _, topr = get_policy_loss_fn("topr")(**inputs, config=actor_config("topr", "token-mean", GLOBAL_INFOS["none"]))
+    negative = advantages[mask] <= 0
+    assert topr["actor/pg_clipfrac"] == pytest.approx((negative & (ratio > 1)).mean())
+    assert topr["actor/topr_positive_frac"] == pytest.approx((~negative).mean())
+    assert 0 < topr["actor/pg_clipfrac"] < 1
+
+
+def test_losses_take_the_arguments_verl_passes():
+    """Tripwire: verl's actor calls a policy loss with vanilla's keyword arguments."""
+    expected = list(inspect.signature(compute_policy_loss_vanilla).parameters)
+    for loss in LOSS_MODES:
+        assert list(inspect.signature(get_policy_loss_fn(loss)).parameters) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["+actor_rollout_ref.actor.policy_loss.kimi15_tau=-0.1"],
+            r"policy_loss.kimi15_tau=-0.1 must be a number >= 0",
+        ),
+        (["+actor_rollout_ref.actor.policy_loss.kimi15_tau=abc"], r"policy_loss.kimi15_tau='abc' must be a number"),
+        (["+actor_rollout_ref.actor.policy_loss.topr_positive_weight=-1"], r"policy_loss.topr_positive_weight=-1 must"),
+        (["+actor_rollout_ref.actor.policy_loss.topr_negative_weight=-2"], r"policy_loss.topr_negative_weight=-2 must"),
+        (["+actor_rollout_ref.actor.policy_loss.tis_lower_bound=-0.5"], r"policy_loss.tis_lower_bound=-0.5 must"),
+        (
+            ["+actor_rollout_ref.actor.policy_loss.tis_lower_bound=1.5"],
+            r"policy_loss.tis_lower_bound=1.5 is above actor_rollout_ref.actor.policy_loss.tis_upper_bound=1.0",
+        ),
+        (
+            [
+                "+actor_rollout_ref.actor.policy_loss.tis_lower_bound=2",
+                "+actor_rollout_ref.actor.policy_loss.tis_upper_bound=1",
+            ],
+            r"policy_loss.tis_lower_bound=2 is above actor_rollout_ref.actor.policy_loss.tis_upper_bound=1",
+        ),
+        (
+            ["+actor_rollout_ref.actor.policy_loss.kimi_tau=0.5"],
+            r"Unknown key\(s\) actor_rollout_ref.actor.policy_loss.kimi_tau",
+        ),
+        (
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=topr", "algorithm.rollout_correction.bypass_mode=true"],
+            r"loss_mode='topr' with algorithm.rollout_correction.bypass_mode=true",
+        ),
+    ],
+)
+def test_bad_loss_config_names_the_key(overrides, message):
+    config = compose_config(*overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate_policy_loss(config)
+    with pytest.raises(ConfigError, match=message):  # the recipe's start-up validation runs it
+        validate_config(config)
+
+
+@pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
+def test_good_loss_config_validates(loss):
+    validate_config(compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"))
+    validate_policy_loss(compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items())))
+
+
+def test_an_override_reaches_the_actor_config():
+    """Tripwire: verl builds the actor config with hydra's instantiate; the base config's ``_target_`` makes it
+    accept the keys, which verl's own PolicyLossConfig refuses."""
+    keys = (
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kimi15",
+        "+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5",
+    )
+    verls = compose_config(*keys, "actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig")
+    with pytest.raises(Exception, match="kimi15_tau"):
+        omega_conf_to_dataclass(verls.actor_rollout_ref.actor)
+    with pytest.raises(ConfigError, match="_target_"):  # refused before Ray starts, naming the key
+        validate_policy_loss(verls)
+    config = compose_config(*keys)
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, OffPolicyLossConfig)
+    assert (actor.policy_loss.loss_mode, actor.policy_loss.kimi15_tau, actor.policy_loss.topr_negative_weight) == (
+        "kimi15",
+        0.5,
+        1.0,
+    )
+
+
+def test_worker_env_lists_the_plugin_first_and_keeps_the_users_modules(monkeypatch):
+    monkeypatch.setenv(verl_plugin.EXTERNAL_MODULES_ENV, "mine.plugin")
+    config = compose_config("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=theirs.plugin")
+    expected = "recipe.one_step_off_async.verl_plugin,mine.plugin,theirs.plugin"
+    assert verl_plugin.worker_env(config)["VERL_USE_EXTERNAL_MODULES"] == expected
+    monkeypatch.setenv(verl_plugin.EXTERNAL_MODULES_ENV, expected)  # idempotent: a second launch lists it once
+    assert verl_plugin.worker_env(config)["VERL_USE_EXTERNAL_MODULES"] == expected
+    assert OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss._target_") == losses.CONFIG_TARGET
+
+
+PROBE = """
+import json, os
+import verl
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
+names = {names!r}
+print(json.dumps({{
+    "ours": {{name: get_policy_loss_fn(name).__module__ for name in names if name in POLICY_LOSS_REGISTRY}},
+    "vanilla": get_policy_loss_fn("vanilla").__module__,
+}}))
+"""
+
+
+def probe_registry(env: dict[str, str]) -> dict:
+    """verl's registry in a fresh process that imports only verl, with ``env`` (and no VERL_* inherited)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(names=list(LOSS_MODES))],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_verl_itself_registers_none_of_our_names():
+    """Tripwire: if verl ever ships a loss under one of these names, ours would silently replace it."""
+    assert probe_registry({}) == {"ours": {}, "vanilla": "verl.trainer.ppo.core_algos"}
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_worker_processes_find_our_losses(device, monkeypatch):
+    """The env ``launch.prepare_config`` gives Ray workers registers the losses when a worker imports verl."""
+    monkeypatch.setenv(verl_plugin.EXTERNAL_MODULES_ENV, "")
+    env = verl_plugin.worker_env(compose_config(f"trainer.device={device}"))
+    found = probe_registry(env)
+    assert found == {
+        "ours": dict.fromkeys(LOSS_MODES, "recipe.one_step_off_async.losses"),
+        "vanilla": "verl.trainer.ppo.core_algos",
+    }

@@ -1,0 +1,231 @@
+"""The CPU platform plugin, and tripwires for every place the recipe works around verl 0.9.1.
+
+Each workaround names the verl code it depends on; these tests fail when verl changes that code,
+so an upgrade cannot leave a patch silently wrong or unnecessary.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import verl
+
+from recipe.one_step_off_async.platforms import verl_patches
+
+
+def test_recipe_targets_the_pinned_verl_version():
+    assert verl.__version__ == verl_patches.VERL_VERSION
+
+
+def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules():
+    """What every Ray worker does: import verl with the env a CPU launch gives it (the recipe's plugin listed)."""
+    from conftest import CPU_RUN
+
+    from recipe.one_step_off_async import verl_plugin
+
+    probe = textwrap.dedent(
+        """
+        import verl
+        from verl.utils import distributed
+        from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_resource_name
+        from verl.utils.device import get_torch_device
+        from verl.plugin.platform import get_platform
+        print(get_device_name(), get_nccl_backend(), get_resource_name(), get_device_id(),
+              type(get_platform()).__name__, get_torch_device().max_memory_allocated(),
+              distributed.initialize_global_process_group_ray.__defaults__)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**_clean_env(), **verl_plugin.worker_env(CPU_RUN)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "cpu gloo CPU cpu PlatformCPU 0 (None, 'gloo')"
+
+
+def test_without_the_env_verl_keeps_its_own_platform_and_is_not_patched():
+    probe = "import verl.utils.distributed as d; print(d.initialize_global_process_group_ray.__defaults__)"
+    out = subprocess.run([sys.executable, "-c", probe], env=_clean_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("(None, None)")
+
+
+def test_cpu_platform_speaks_torch_cpu():
+    from recipe.one_step_off_async.platforms.cpu import PlatformCPU
+
+    platform = PlatformCPU()
+    assert torch.ones(1).to(platform.current_device()).device.type == "cpu"
+    assert platform.ray_resource_options(2) == {"num_cpus": 2}
+    assert not platform.is_platform_available()  # never auto-detected on a GPU machine
+    module = platform.device_module
+    state = module.get_rng_state()
+    module.manual_seed(3)
+    first = torch.rand(1)
+    module.set_rng_state(state)
+    module.manual_seed(3)
+    assert torch.equal(first, torch.rand(1))
+    with pytest.raises(AttributeError, match="no attribute 'not_a_cuda_api'"):
+        module.not_a_cuda_api  # noqa: B018
+
+
+def test_p1_verl_still_builds_a_duplicate_cpu_backend():
+    from verl.utils import distributed
+
+    source = inspect.getsource(distributed.initialize_global_process_group_ray)
+    assert 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"' in source
+    assert list(inspect.signature(distributed.initialize_global_process_group_ray).parameters) == [
+        "timeout_second",
+        "backend",
+    ]
+
+
+def test_p2_verl_still_counts_only_gpu_and_npu(monkeypatch):
+    from verl.single_controller.ray import base
+
+    module_source = inspect.getsource(base)
+    assert 'node_info.get("GPU", 0) if "GPU" in node_info else node_info.get("NPU", 0)' in module_source
+    assert base.ResourcePoolManager._check_resource_available is verl_patches._check_resource_available
+
+    import ray
+
+    monkeypatch.setattr(ray._private.state, "available_resources_per_node", lambda: {"n": {"CPU": 3.0}})
+    manager = base.ResourcePoolManager(resource_pool_spec={"trainer_pool": [2]}, mapping={})
+    manager._check_resource_available()
+    manager = base.ResourcePoolManager(resource_pool_spec={"trainer_pool": [2], "other": [2]}, mapping={})
+    with pytest.raises(ValueError, match="has 3 CPU available .* need 4"):
+        manager._check_resource_available()
+
+
+def test_fsdp_engines_are_still_registered_for_cuda_and_npu_only():
+    """Why the CPU env (platforms/cpu.env_vars) sets VERL_ENGINE_DEVICE=cuda: verl's override in EngineRegistry.get_engine_cls."""
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl  # noqa: F401  (registers the engines)
+
+    registry = EngineRegistry._engines["language_model"]["fsdp2"]
+    assert "cpu" not in registry and "cuda" in registry
+    assert 'os.getenv("VERL_ENGINE_DEVICE")' in inspect.getsource(EngineRegistry.get_engine_cls)
+
+
+def test_ray_trainer_still_asserts_hybrid_engine():
+    """Why OneStepOffRayTrainer wraps its parent's __init__ (verl_patches.hybrid_engine_assert_disabled)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    assert 'assert self.hybrid_engine, "Currently, only support hybrid engine"' in inspect.getsource(
+        RayPPOTrainer.__init__
+    )
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    drop = {"VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+# --- the GPU path's contracts (vLLM is not installed on CPU: read verl's source) ----------------------
+
+
+def _methods(path: str, cls: str) -> dict[str, ast.AST]:
+    tree = ast.parse((Path(verl.__file__).parent / path).read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return {f.name: f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def test_vllm_server_stamps_every_output_with_its_weight_version():
+    """The trainer checks the staleness contract against TokenOutput.extra_fields["global_steps"]."""
+    server = _methods("workers/rollout/vllm_rollout/vllm_async_server.py", "vLLMHttpServer")
+    stamps = [
+        ast.unparse(node)
+        for node in ast.walk(server["generate"])
+        if isinstance(node, ast.Dict)
+        and any(isinstance(k, ast.Constant) and k.value == "global_steps" for k in node.keys)
+    ]
+    assert stamps == ["{'global_steps': self.global_steps}"]
+    assert "self.global_steps = global_steps" in ast.unparse(server["set_global_steps"])
+
+
+def test_vllm_rollout_sets_the_weight_version_on_every_sync():
+    adapter = _methods("workers/rollout/vllm_rollout/vllm_rollout.py", "ServerAdapter")
+    assert "await self.server_handle.set_global_steps.remote(global_steps)" in ast.unparse(adapter["update_weights"])
+
+
+def test_fit_and_validate_wait_only_through_the_calls_the_trainer_bounds():
+    """OneStepOffRayTrainer bounds checkpoint_manager.update_weights and async_rollout_manager.generate_sequences."""
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    fit = inspect.getsource(SeparateRayPPOTrainer.fit)
+    assert "self.checkpoint_manager.update_weights(self.global_steps)" in fit
+    validate = inspect.getsource(RayPPOTrainer._validate)
+    assert set(re.findall(r"self\.async_rollout_manager\.(\w+)", validate)) == {"generate_sequences"}
+
+
+# --- the pieces of verl the elastic rollout pool builds on (elastic/pool.py, elastic/client.py) ------------
+
+
+def test_the_load_balancer_forgets_a_removed_server_even_for_a_sticky_request():
+    """A request regenerated after its replica died must not be routed back to it."""
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    balancer = GlobalRequestLoadBalancer(servers={"a": "handle-a"})
+    assert balancer.acquire_server("request") == ("a", "handle-a")
+    balancer.add_servers({"b": "handle-b"})
+    balancer.remove_servers(["a", "a"])  # idempotent: every request that was on it reports it
+    assert balancer.acquire_server("request") == ("b", "handle-b")
+    assert balancer.get_all_servers() == ["b"]
+    balancer.release_server("a")  # a request that finished on a removed server: no error
+    balancer.remove_servers(["b"])
+    with pytest.raises(RuntimeError, match="No available servers"):
+        balancer.acquire_server("request")
+
+
+def test_the_checkpoint_manager_syncs_exactly_the_replicas_it_holds():
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+
+    manager = object.__new__(CheckpointEngineManager)  # no actor group: only the membership calls
+    manager.replicas = ["r0", "r1"]
+    manager.add_replicas(["r2"])
+    manager.remove_replicas(["r0"])
+    assert manager.replicas == ["r1", "r2"]
+    update = inspect.getsource(CheckpointEngineManager.update_weights)
+    assert "for replica in self.replicas:" in update
+
+
+def test_the_llm_client_routes_through_acquire_server_and_returns_the_servers_extra_fields():
+    """ElasticLLMServerClient learns the serving replica in _acquire_server and stamps extra_fields."""
+    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+    from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
+
+    generate = inspect.getsource(LLMServerClient.generate)
+    assert "await self._acquire_server(" in generate and "await server.generate.remote(" in generate
+    assert "client_cls(" in inspect.getsource(LLMServerManager.get_client)
+    assert "extra_fields=output.extra_fields" in inspect.getsource(SingleTurnAgentLoop.run)
+
+
+def test_standalone_replicas_are_placed_as_the_pool_expects():
+    """replicas_that_fit assumes {"CPU": 2, device: 1} per device; _abandon_start finds a group by name."""
+    from verl.workers.rollout.replica import RolloutReplica
+
+    standalone = inspect.getsource(RolloutReplica.init_standalone)
+    assert 'resource_pool_name = f"rollout_pool_{self.replica_rank}{self.name_suffix}"' in standalone
+    assert "max_colocate_count=2" in standalone
+    groups = inspect.getsource(verl.single_controller.ray.base.RayResourcePool.get_placement_groups)
+    assert 'bundle = {"CPU": self.max_colocate_count}' in groups and "bundle[device_name] = 1" in groups
+    assert 'f"{self.name_prefix}verl_group_' in groups
+
+
+def test_ray_applies_its_local_token_rule_through_the_function_the_scale_command_calls():
+    from ray._private.authentication import authentication_token_setup
+
+    params = inspect.signature(authentication_token_setup.maybe_enable_token_auth_if_token_available).parameters
+    assert "warn_if_disabled" in params

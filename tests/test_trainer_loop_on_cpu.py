@@ -1,0 +1,203 @@
+"""Loop order of the real trainer with stub workers: launches, in-flight depth, syncs, resume point."""
+
+from __future__ import annotations
+
+import pytest
+from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
+
+from recipe.one_step_off_async.errors import (
+    OffPolicyCorrectionError,
+    PipelineTimeoutError,
+    RewardError,
+    WeightVersionError,
+)
+
+TOTAL_STEPS = 6
+
+
+def run(staleness: int, steps: int = TOTAL_STEPS, *overrides: str, **rollout_kwargs):
+    log = EventLog()
+    rollout = StubRollout(log, **rollout_kwargs)
+    sync = StubWeightSync(log, rollout)
+    config = compose_config(
+        f"async_training.staleness={staleness}", f"trainer.total_training_steps={steps}", *overrides
+    )
+    trainer = build_trainer(config, log, rollout, sync)
+    trainer.fit()
+    return trainer, log
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_generation_runs_staleness_batches_ahead_of_training(staleness):
+    trainer, log = run(staleness)
+
+    updates = log.of("update")
+    assert [u[1] for u in updates] == list(range(1, TOTAL_STEPS + 1))
+    for _, step, in_flight, _ in updates:
+        ahead = step + staleness
+        if ahead <= TOTAL_STEPS:
+            # Generation k+s was launched before update k ...
+            assert log.index("launch", ahead) < log.index("update", step, in_flight, updates[step - 1][3])
+        # ... and never more than s batches are in flight while the actor updates.
+        assert in_flight == min(staleness, TOTAL_STEPS - step)
+    # No generation beyond the last step.
+    assert [e[1] for e in log.of("launch")] == list(range(1, TOTAL_STEPS + 1))
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_weights_sync_after_every_update_while_no_generation_runs(staleness):
+    trainer, log = run(staleness)
+
+    syncs = log.of("sync")
+    assert [s[1] for s in syncs] == list(range(0, TOTAL_STEPS + 1))  # initial v0, then v_k after update k
+    assert not any(running for _, _, running in syncs)
+    for step in range(1, TOTAL_STEPS + 1):
+        update = next(e for e in log.events if e[0] == "update" and e[1] == step)
+        assert log.events.index(update) < log.index("sync", step, False)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_each_batch_is_generated_with_weights_from_step_k_minus_1_minus_s(staleness):
+    trainer, log = run(staleness)
+
+    for _, step, version in log.of("gen_start"):
+        assert version == max(0, step - 1 - staleness)
+    measured = [m["async/staleness"] for m in trainer.logged_metrics]
+    assert measured == [min(staleness, step - 1) for step in range(1, TOTAL_STEPS + 1)]
+    for metrics in trainer.logged_metrics:
+        for key in ("timing_s/step", "timing_s/wait_prev_gen", "timing_s/sync_weights", "timing_s/gen"):
+            assert metrics[key] >= 0
+        assert 0 < metrics["async/overlap_efficiency"] <= 1.01  # two clocks: timer vs wall time
+
+
+def test_data_order_is_the_dataloader_order_for_every_staleness():
+    orders = []
+    for staleness in (0, 1, 2):
+        _, log = run(staleness)
+        orders.append([u[3] for u in log.of("update")])
+    assert orders[0] == orders[1] == orders[2]
+    first_epoch = [index for batch in orders[0][:4] for index in batch]  # 16 prompts, 4 per step
+    assert sorted(set(first_epoch)) == list(range(16))
+
+
+def test_generation_error_reaches_the_driver_with_the_original_exception():
+    with pytest.raises(ValueError, match="stub generation failed for step 3"):
+        run(staleness=1, fail_at_step=3)
+
+
+def test_a_skipped_weight_sync_is_an_error_not_a_silent_stale_batch():
+    log = EventLog()
+    rollout = StubRollout(log)
+    sync = StubWeightSync(log, rollout, skip_version=2)
+    trainer = build_trainer(
+        compose_config("async_training.staleness=1", "trainer.total_training_steps=6"), log, rollout, sync
+    )
+    with pytest.raises(WeightVersionError, match="expected v2"):
+        trainer.fit()
+
+
+def test_generation_timeout_names_what_it_waited_for():
+    log = EventLog()
+    rollout = StubRollout(log, seconds=5.0)
+    sync = StubWeightSync(log, rollout)
+    config = compose_config(
+        "async_training.staleness=1", "trainer.total_training_steps=2", "async_training.generation_timeout_s=0.2"
+    )
+    trainer = build_trainer(config, log, rollout, sync)
+    with pytest.raises(TimeoutError, match="training step 1 did not finish within 0.2 s"):
+        trainer.fit()
+
+
+def test_a_nan_reward_stops_the_run_before_it_is_trained_on():
+    with pytest.raises(RewardError, match="reward of 1 of 8 samples of the batch for step 2 is NaN"):
+        run(staleness=1, nan_at_step=2)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_validation_at_step_k_uses_weights_v_k_on_an_idle_rollout_pool(staleness):
+    trainer, log = run(staleness, TOTAL_STEPS, "trainer.test_freq=2", "trainer.val_before_train=true")
+
+    validations = log.of("validate")
+    assert [(step, version) for _, step, version, _ in validations] == [(0, 0), (2, 2), (4, 4), (6, 6)]
+    assert not any(running for *_, running in validations)
+    for _, step, _, _ in validations[1:]:
+        # After the sync of v_k, before the next generation is launched: nothing in flight is touched.
+        validation = log.index("validate", step, step, False)
+        assert log.index("sync", step, False) < validation
+        if step + 1 + staleness <= TOTAL_STEPS:
+            assert validation < log.index("launch", step + 1 + staleness)
+    assert [m["async/staleness"] for m in trainer.logged_metrics] == [min(staleness, s - 1) for s in range(1, 7)]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("interval", [2, 3])
+def test_sync_interval_pushes_weights_every_n_steps_and_versions_follow_the_contract(staleness, interval):
+    steps = 7
+    trainer, log = run(staleness, steps, f"async_training.sync_interval={interval}")
+
+    synced_steps = [k for k in range(1, steps + 1) if k % interval == 0]
+    assert [s[1] for s in log.of("sync")] == [0, *synced_steps]
+    assert not any(running for _, _, running in log.of("sync"))
+    # The contract: batch k carries the last version synced at or before step k-1-s.
+    expected = {k: max(0, (k - 1 - staleness) // interval * interval) for k in range(1, steps + 1)}
+    assert {step: version for _, step, version in log.of("gen_start")} == expected
+    for step, metrics in enumerate(trainer.logged_metrics, start=1):
+        assert metrics["async/weight_version"] == expected[step]
+        assert metrics["async/staleness"] == step - 1 - expected[step]  # measured, grows within an interval
+        assert metrics["async/synced"] == float(step in synced_steps)
+        if step not in synced_steps:
+            assert metrics["timing_s/sync_weights"] == 0.0
+
+
+def test_validation_steps_sync_even_between_intervals():
+    trainer, log = run(1, 6, "async_training.sync_interval=4", "trainer.test_freq=3")
+
+    assert [s[1] for s in log.of("sync")] == [0, 3, 4, 6]
+    assert [(step, version) for _, step, version, _ in log.of("validate")] == [(3, 3), (6, 6)]
+    assert [m["async/weight_version"] for m in trainer.logged_metrics] == [0, 0, 0, 0, 3, 4]  # last sync <= k-2
+
+
+def test_checkpoint_steps_sync_so_the_rollout_holds_the_saved_version():
+    trainer, log = run(1, 6, "async_training.sync_interval=4", "trainer.save_freq=3")
+
+    assert [s[1] for s in log.of("sync")] == [0, 3, 4, 6]
+    assert [s[1] for s in log.of("save")] == [3, 6]
+    for step in (3, 6):
+        assert log.index("sync", step, False) < log.index("save", step)
+
+
+def test_validation_that_never_returns_fails_within_the_generation_timeout():
+    log = EventLog()
+    rollout = StubRollout(log, hang_validation=True)
+    config = compose_config(
+        "trainer.total_training_steps=2", "trainer.val_before_train=true", "async_training.generation_timeout_s=0.3"
+    )
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
+    with pytest.raises(PipelineTimeoutError, match=r"validation step 0 did not finish within 0.3 s"):
+        trainer.fit()
+
+
+def test_a_first_weight_sync_that_never_returns_fails_within_the_sync_timeout():
+    log = EventLog()
+    rollout = StubRollout(log)
+    config = compose_config("trainer.total_training_steps=2", "async_training.sync_timeout_s=0.3")
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout, hang_version=0))
+    with pytest.raises(
+        PipelineTimeoutError, match=r"Syncing weights v0 .* within 0.3 s \(async_training.sync_timeout_s\)"
+    ):
+        trainer.fit()
+    assert log.of("update") == []
+
+
+def test_missing_rollout_log_probs_fail_the_step_instead_of_skipping_the_correction():
+    with pytest.raises(OffPolicyCorrectionError, match="no rollout_log_probs for the batch of step 1"):
+        run(staleness=1, log_probs=False)
+
+
+def test_throughput_counts_the_devices_of_both_pools():
+    trainer, _ = run(1, 2)
+    metrics = trainer.logged_metrics[-1]
+    devices = 2 + 4  # trainer.n_gpus_per_node=2 (stub config) + the GPU profile's 4 rollout GPUs
+    assert metrics["perf/throughput"] == pytest.approx(
+        metrics["perf/total_num_tokens"] / (metrics["perf/time_per_step"] * devices)
+    )

@@ -1,0 +1,514 @@
+"""Tests of the ``checkpoint`` engine (``recipe.one_step_off_async.weight_sync.files``).
+
+The engine has no collective, so the fast tests run actor rank 0's engine and two rollout workers'
+engines in one process, driven the way verl's ``CheckpointEngineManager`` drives them (prepare,
+build_topology, init_process_group, send | receive, finalize), on a folder under ``tmp_path``; one
+test kills a writer process mid-version. The ``slow`` test syncs verl's own FSDP2 actor (2 ranks)
+through verl's manager to a rollout worker of each engine, ``gloo`` and ``checkpoint``; the real
+entry point runs with ``backend=checkpoint`` in ``tests/test_e2e_main_on_cpu.py``.
+
+    pytest tests/test_file_checkpoint_engine_on_cpu.py -m "not slow"
+    pytest tests/test_file_checkpoint_engine_on_cpu.py -m slow
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+import recipe.one_step_off_async.weight_sync.files as file_engine
+from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.errors import WeightSyncError
+from recipe.one_step_off_async.weight_sync.files import (
+    DEFAULT_PREFIX,
+    DIR_KEY,
+    LOCK,
+    TIMEOUT_KEY,
+    FileCheckpointEngine,
+    WeightsLocation,
+)
+
+ENGINE_MODULE = "recipe.one_step_off_async.weight_sync.files"
+BACKEND_OVERRIDES = (
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
+    f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={ENGINE_MODULE}",
+)
+SHARD = 8 << 10  # bytes per shard file in the fast tests: smaller than the largest tensor
+
+
+def _weights(seed: int) -> dict[str, torch.Tensor]:
+    """fp32, bf16 and int64 tensors, one larger than a shard, one not contiguous, one 0-dim, one
+    empty, and a bf16 tensor of odd length packed before fp32 ones (misaligned in its shard)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed_tokens.weight": torch.randn(96, 64, generator=generator),  # 24 KiB: a file of its own
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(32, 64, generator=generator).to(torch.bfloat16),
+        "model.layers.0.self_attn.q_proj.bias": torch.randn(63, generator=generator).to(torch.bfloat16),
+        "model.layers.0.self_attn.k_proj.bias": torch.randn(16, generator=generator),  # after 126 bytes of bf16
+        "model.layers.0.mlp.down_proj.weight": torch.randn(32, 16, generator=generator).t(),
+        "model.layers.0.mlp.expert_ids": torch.arange(seed, seed + 300, dtype=torch.int64),
+        "model.norm.weight": torch.randn(64, generator=generator).to(torch.bfloat16),
+        "model.rotary.inv_freq": torch.empty(0),
+        "lm_head.logit_scale": torch.tensor(float(seed)),
+    }
+
+
+def _through_one_staging_tensor(weights: dict[str, torch.Tensor]):
+    """Yield every tensor from the same memory, overwritten at the next step, as an actor that
+    gathers each weight into one reused buffer would."""
+    staging = torch.empty(max(tensor.nbytes for tensor in weights.values()), dtype=torch.uint8)
+    for name, tensor in weights.items():
+        view = staging[: tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor)
+        yield name, view
+
+
+class _Workers:
+    """Actor rank 0 (the writer) and rollout workers, each with its engine, in this process."""
+
+    def __init__(self, folder: Path | None, receivers: int = 2, timeout_s: float = 20) -> None:
+        kwargs = {"bucket_size": SHARD, "dir": None if folder is None else str(folder), "timeout_s": timeout_s}
+        self.writer = FileCheckpointEngine(is_master=True, **kwargs)
+        self.receivers = [FileCheckpointEngine(**kwargs) for _ in range(receivers)]
+
+    def join(self) -> WeightsLocation:
+        """Steps 1-3 of verl's manager: prepare, build_topology, init_process_group."""
+        engines = [self.writer, *self.receivers]
+        actor, rollout = FileCheckpointEngine.build_topology(1, len(self.receivers), [e.prepare() for e in engines])
+        self.writer.init_process_group(**{key: values[0] for key, values in actor.items()})
+        for i, receiver in enumerate(self.receivers):
+            receiver.init_process_group(**{key: values[i] for key, values in rollout.items()})
+        return actor["location"][0]
+
+    def finalize(self) -> None:
+        for engine in (self.writer, *self.receivers):
+            engine.finalize()
+
+    def sync(self, seed: int, version: int, receivers: list[int] | None = None, weights=None) -> list[dict]:
+        """A whole sync of ``_weights(seed)`` (or ``weights``); what each (or each listed) receiver got."""
+        self.join()
+        chosen = [self.receivers[i] for i in (range(len(self.receivers)) if receivers is None else receivers)]
+        named = weights if weights is not None else _through_one_staging_tensor(_weights(seed))
+
+        async def run():
+            return await asyncio.gather(
+                self.writer.send_weights(named, global_steps=version), *[_receive(r, version) for r in chosen]
+            )
+
+        try:
+            self.metrics, *received = asyncio.run(run())
+        finally:
+            self.finalize()
+        return received
+
+
+async def _receive(engine: FileCheckpointEngine, version: int) -> dict[str, Any]:
+    """Consume a sync as a server adapter does: each tensor copied before the next is pulled."""
+    stream = engine.receive_weights(global_steps=version)
+    tensors = {name: tensor.clone() async for name, tensor in stream}
+    return {"version": stream.version, "tensors": tensors}
+
+
+def _assert_exactly(received: dict[str, Any], seed: int, version: int) -> None:
+    expected = _weights(seed)
+    assert received["version"] == version
+    assert list(received["tensors"]) == list(expected)
+    for name, tensor in expected.items():
+        got = received["tensors"][name]
+        assert (got.dtype, got.shape) == (tensor.dtype, tensor.shape), name
+        assert torch.equal(got, tensor), name
+
+
+def _versions(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir() if entry.name != LOCK)
+
+
+# --- fast tests -----------------------------------------------------------------------------------
+
+
+def test_build_topology_one_writer_drain_ranks_and_readers():
+    location = WeightsLocation(dir="/weights", run_id="r", sync_id="s")
+    actor, rollout = FileCheckpointEngine.build_topology(3, 2, [location, None, None, None, None])
+    assert actor == {"rank": [0, -1, -1], "world_size": [3] * 3, "location": [location] * 3}
+    assert rollout == {"rank": [1, 2], "world_size": [3] * 2, "location": [location] * 2}
+    with pytest.raises(ValueError, match="is_master=True"):
+        FileCheckpointEngine.build_topology(2, 1, [None, None, None])
+
+
+def test_verl_config_selects_the_engine_and_the_recipe_accepts_it(tmp_path):
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.import_utils import import_external_libs
+
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        overrides = [
+            *BACKEND_OVERRIDES,
+            f"+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.dir={tmp_path}",
+            "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.timeout_s=30",
+        ]
+        configs = {
+            name: compose(config_name=name, overrides=overrides)
+            for name in ("one_step_off_ppo_cpu", "one_step_off_ppo_trainer")
+        }
+    for config in configs.values():  # hf on CPU, vllm on GPUs
+        validate_config(config)
+    engine_config = omega_conf_to_dataclass(configs["one_step_off_ppo_cpu"].actor_rollout_ref.rollout.checkpoint_engine)
+    # What verl's ActorRolloutRefWorker and CheckpointEngineWorker do with that config:
+    import_external_libs(engine_config.custom_backend_module)
+    engine = CheckpointEngineRegistry.new(
+        engine_config.backend,
+        is_master=True,
+        bucket_size=engine_config.update_weights_bucket_megabytes << 20,
+        **engine_config.engine_kwargs.get(engine_config.backend, {}),
+    )
+    assert isinstance(engine, FileCheckpointEngine)
+    assert (engine.dir, engine.timeout_s, engine.bucket_size) == (str(tmp_path), 30, 16 << 20)
+
+
+def test_syncs_deliver_every_tensor_exactly_as_safetensors(tmp_path):
+    workers = _Workers(tmp_path)
+    for version in (1, 2, 3, 4):  # from v3 on, the files of the version before last are overwritten
+        for received in workers.sync(seed=version, version=version):
+            _assert_exactly(received, seed=version, version=version)
+    assert workers.metrics["checkpoint_engine/files"] > 2
+    # A model with fewer tensors (files) than the version whose files it overwrites.
+    fewer = dict(list(_weights(5).items())[1:])
+    for received in workers.sync(seed=5, version=5, weights=iter(fewer.items())):
+        assert received["version"] == 5
+        assert all(torch.equal(received["tensors"][name], t) for name, t in fewer.items())
+        assert list(received["tensors"]) == list(fewer)
+    # Standard safetensors files: any tool can load a version.
+    loaded = {}
+    for shard in sorted((tmp_path / "v5").glob("*.safetensors")):
+        loaded |= load_file(shard)
+    assert {name: (t.dtype, t.shape) for name, t in loaded.items()} == {
+        name: (t.dtype, t.shape) for name, t in fewer.items()
+    }
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in fewer.items())
+
+
+def test_default_folder_is_fresh_per_run_and_removed_with_the_writer():
+    workers = _Workers(None)
+    _assert_exactly(workers.sync(seed=1, version=1)[0], seed=1, version=1)
+    folder = Path(workers.writer.dir)
+    assert folder.parent == Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+    assert _versions(folder) == ["v1"]
+    assert Path(_Workers(None).join().dir) != folder
+    del workers
+    assert not folder.exists()
+
+
+def test_a_new_default_folder_removes_those_of_dead_writers_only():
+    """Ray kills its workers at the end of a run, so no exit handler removes a writer's folder; the
+    next writer on the node removes the folders whose writer's lock the kernel released."""
+    writer = FileCheckpointEngine(bucket_size=SHARD, is_master=True)
+    base = Path(writer.prepare().dir).parent
+    dead, alive = (base / f"{DEFAULT_PREFIX}test-{name}-{uuid.uuid4().hex[:8]}" for name in ("dead", "alive"))
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / LOCK).touch()
+        (folder / "v1").mkdir()
+    lock = os.open(alive / LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a live writer holds it
+        next_writer = FileCheckpointEngine(bucket_size=SHARD, is_master=True)
+        next_writer.prepare()
+        assert not dead.exists()
+        assert alive.exists() and Path(writer.dir).exists() and Path(next_writer.dir).exists()
+        next_writer.close()
+        assert not Path(next_writer.dir).exists()
+    finally:
+        os.close(lock)
+        shutil.rmtree(alive, ignore_errors=True)
+        shutil.rmtree(dead, ignore_errors=True)
+
+
+def test_old_versions_are_removed_once_every_receiver_loaded_a_newer_one(tmp_path):
+    workers = _Workers(tmp_path)
+    workers.sync(seed=1, version=1)
+    workers.sync(seed=2, version=2)
+    assert _versions(tmp_path) == ["v1", "v2"]
+    assert sorted(p.name for p in (tmp_path / "v2").glob("loaded-*")) == ["loaded-1", "loaded-2"]
+    workers.sync(seed=3, version=3, receivers=[0])  # rollout rank 2 does not load v3
+    assert _versions(tmp_path) == ["v2", "v3"]
+    workers.sync(seed=4, version=4)  # v2 is the newest version all loaded: v3 stays
+    assert _versions(tmp_path) == ["v2", "v3", "v4"]
+    (tmp_path / "v4.tmp-0123abcd").mkdir()  # what a writer killed mid-version leaves
+    workers.sync(seed=5, version=5)
+    assert _versions(tmp_path) == ["v4", "v5"]
+    assert workers.metrics["checkpoint_engine/versions_removed"] == 2
+
+
+def test_full_disk_is_a_clear_error_and_leaves_no_partial_version(tmp_path, monkeypatch):
+    workers = _Workers(tmp_path)
+    workers.sync(seed=1, version=1)
+    written = []
+    real_write = file_engine._write_file
+
+    def write_until_full(path, header, data):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path)
+        real_write(path, header, data)
+
+    monkeypatch.setattr(file_engine, "_write_file", write_until_full)
+    walked = []
+
+    def weights():
+        for name, tensor in _weights(2).items():
+            walked.append(name)
+            yield name, tensor
+
+    workers.join()
+    with pytest.raises(WeightSyncError) as failure:
+        asyncio.run(workers.writer.send_weights(weights(), global_steps=2))
+    workers.finalize()
+    message = str(failure.value)
+    assert f"writing weight version 2 to {tmp_path} failed" in message
+    assert "No space left on device" in message and f"{tmp_path} is full" in message and DIR_KEY in message
+    assert walked == list(_weights(2)), "the other actor ranks' all-gathers must be seen through"
+    assert _versions(tmp_path) == ["v1"]
+    # Once there is room again, the next sync works.
+    monkeypatch.setattr(file_engine, "_write_file", real_write)
+    _assert_exactly(workers.sync(seed=3, version=3)[0], seed=3, version=3)
+
+
+def test_writer_raising_mid_file_leaves_the_previous_version_loadable(tmp_path, monkeypatch):
+    workers = _Workers(tmp_path)
+    workers.sync(seed=1, version=1)
+    v1 = WeightsLocation(dir=str(tmp_path), run_id=workers.writer.run_id, sync_id=_manifest_sync_id(tmp_path / "v1"))
+
+    def write_half_then_fail(path, header, data):
+        with open(path, "xb") as file:
+            file.write(header)
+            file.write(memoryview(data.numpy())[: data.numel() // 2])
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(file_engine, "_write_file", write_half_then_fail)
+    workers.join()
+    with pytest.raises(WeightSyncError, match=r"writing weight version 2 .* Input/output error"):
+        asyncio.run(workers.writer.send_weights(iter(_weights(2).items()), global_steps=2))
+    workers.finalize()
+    assert _versions(tmp_path) == ["v1"]
+    # v1 is whole: a receiver told to load it (its sync's location) gets it, verified.
+    receiver = workers.receivers[0]
+    receiver.init_process_group(rank=1, world_size=3, location=v1)
+    _assert_exactly(asyncio.run(_receive(receiver, 1)), seed=1, version=1)
+    receiver.finalize()
+
+
+def _manifest_sync_id(version_dir: Path) -> str:
+    return file_engine._read_manifest(version_dir)["sync_id"]
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    import torch
+    from recipe.one_step_off_async.weight_sync.files import FileCheckpointEngine
+
+    def weights():  # 16 MiB in 1 MiB tensors; SIGKILL while the 9th is being produced
+        for i in range(16):
+            if i == 8:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield f"model.layers.{i}.weight", torch.full((1 << 18,), float(i))
+
+    engine = FileCheckpointEngine(bucket_size=2 << 20, is_master=True, dir=sys.argv[1])
+    location = engine.prepare()
+    engine.init_process_group(rank=0, world_size=2, location=location)
+    asyncio.run(engine.send_weights(weights(), global_steps=2))
+    """
+)
+
+
+def test_writer_killed_mid_version_leaves_no_half_version(tmp_path):
+    workers = _Workers(tmp_path, receivers=1)
+    workers.sync(seed=1, version=1)
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-3000:]
+    leftovers = [name for name in _versions(tmp_path) if name.startswith("v2.tmp-")]
+    assert len(leftovers) == 1 and list((tmp_path / leftovers[0]).glob("shard-*")), "it died mid-version"
+    assert "v2" not in _versions(tmp_path)
+    # A receiver waiting for v2 from that writer would time out; a restarted writer writes v2 again,
+    # removes the dead one's leftovers and the receiver loads the new v2.
+    _assert_exactly(workers.sync(seed=2, version=2)[0], seed=2, version=2)
+    assert _versions(tmp_path) == ["v1", "v2"]
+
+
+def test_receiver_waiting_for_a_version_that_never_comes_fails_within_its_timeout(tmp_path):
+    workers = _Workers(tmp_path, timeout_s=1)
+    workers.join()
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError) as failure:
+        asyncio.run(_receive(workers.receivers[0], 7))
+    assert time.monotonic() - start < 30, "bounded by timeout_s, not hanging"
+    message = str(failure.value)
+    assert f"timeout_s=1 for weight version 7 to appear in {tmp_path}" in message
+    assert TIMEOUT_KEY in message
+
+
+def test_a_version_of_another_run_is_replaced_never_loaded(tmp_path):
+    earlier = _Workers(tmp_path)
+    earlier.sync(seed=1, version=3)  # an earlier run's v3, loaded by its receivers
+    workers = _Workers(tmp_path)
+    workers.join()
+
+    async def run():
+        # The receivers start waiting while the earlier run's v3 is there, before the writer starts.
+        received = [asyncio.ensure_future(_receive(r, 3)) for r in workers.receivers]
+        await asyncio.sleep(0.2)
+        assert not any(r.done() for r in received)
+        await workers.writer.send_weights(iter(_weights(9).items()), global_steps=3)
+        return await asyncio.gather(*received)
+
+    for received in asyncio.run(run()):
+        _assert_exactly(received, seed=9, version=3)
+    workers.finalize()
+    assert _versions(tmp_path) == ["v3"]
+
+
+def test_receiver_that_cannot_see_the_folder_names_the_key_to_fix(tmp_path):
+    receiver = FileCheckpointEngine(bucket_size=SHARD)
+    location = WeightsLocation(dir=str(tmp_path / "on-another-node"), run_id="r", sync_id="s")
+    with pytest.raises(WeightSyncError, match=f"cannot see the weights folder .*{DIR_KEY}"):
+        receiver.init_process_group(rank=1, world_size=2, location=location)
+
+
+# --- verl's actor, checkpoint engine workers and manager (Ray) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_shipping_test_helpers(cpu_ray):
+    """The session's Ray, with this module's and the gloo test's helper classes shipped by value:
+    Ray workers cannot import a test module."""
+    import test_gloo_checkpoint_engine_on_cpu as gloo_tests
+
+    modules = (sys.modules[__name__], gloo_tests)
+    for module in modules:
+        cpu_ray.cloudpickle.register_pickle_by_value(module)
+    yield cpu_ray
+    for module in modules:
+        cpu_ray.cloudpickle.unregister_pickle_by_value(module)
+
+
+@pytest.mark.slow
+def test_fsdp2_actor_syncs_bit_identical_to_the_gloo_engine(ray_shipping_test_helpers, tmp_path):
+    """The same actor, after each of 3 updates, synced by verl's manager through each engine in turn."""
+    ray = ray_shipping_test_helpers
+    from test_gloo_checkpoint_engine_on_cpu import (
+        _build_tiny_qwen2,
+        _checkpoint_engine_overrides,
+        _KeepingServerAdapter,
+        _ReplicaOfOneWorker,
+    )
+    from verl.checkpoint_engine.base import CheckpointEngineManager, CheckpointEngineWorker
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.import_utils import import_external_libs
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl_actor import actor_group, cpu_config, rollout_batch, update_actor
+
+    class ActorWithTwoEngines(ActorRolloutRefWorker):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def use_engine(self, engine_config: dict) -> None:
+            """Sync through ``engine_config.backend`` from now on (each engine is built once and kept)."""
+            engines = self.__dict__.setdefault("engines", {})
+            if engine_config["backend"] not in engines:
+                import_external_libs(engine_config["custom_backend_module"])
+                engines[engine_config["backend"]] = CheckpointEngineRegistry.new(
+                    engine_config["backend"],
+                    is_master=self.rank == 0,
+                    bucket_size=engine_config["update_weights_bucket_megabytes"] << 20,
+                    **engine_config["engine_kwargs"].get(engine_config["backend"], {}),
+                )
+            self.checkpoint_engine = engines[engine_config["backend"]]
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def full_state(self) -> dict[str, torch.Tensor] | None:
+            params, _ = self.actor.engine.get_per_tensor_param()
+            state = {name: tensor.clone() for name, tensor in params}
+            return state if self.rank == 0 else None
+
+    class RolloutWorkerKeepingWeights(CheckpointEngineWorker):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def received(self) -> tuple[int | None, dict[str, torch.Tensor]]:
+            return self.server_adapter.version, self.server_adapter.weights
+
+    model_path = tmp_path / "tiny_qwen2"
+    _build_tiny_qwen2(model_path)
+    file_overrides = [
+        *BACKEND_OVERRIDES,
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+        f"+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.dir={tmp_path / 'weights'}",
+    ]
+    configs = {
+        "gloo": cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *_checkpoint_engine_overrides(1)),
+        "checkpoint": cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *file_overrides),
+    }
+    actor_wg = actor_group(configs["gloo"], ranks=2, worker_cls=ActorWithTwoEngines)
+    managers, rollouts = {}, {}
+    for backend, config in configs.items():
+        rollouts[backend] = RayWorkerGroup(
+            resource_pool=RayResourcePool(
+                process_on_nodes=[1],
+                use_gpu=True,
+                max_colocate_count=1,
+                name_prefix=f"{backend}_{uuid.uuid4().hex[:8]}",
+            ),
+            ray_cls_with_init=RayClassWithInitArgs(
+                ray.remote(RolloutWorkerKeepingWeights),
+                rollout_config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout),
+                model_config=omega_conf_to_dataclass(config.actor_rollout_ref.model),
+                server_adapter=_KeepingServerAdapter(),
+            ),
+            device_name="cpu",
+        )
+        engine_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+        managers[backend] = CheckpointEngineManager(
+            config=engine_config, actor_wg=actor_wg, replicas=[_ReplicaOfOneWorker(rollouts[backend].workers)]
+        )
+
+    previous = None
+    generator = torch.Generator().manual_seed(0)
+    for step in (1, 2, 3):
+        sequences = [(torch.randint(10, 100, (8,), generator=generator).tolist(),) * 2 for _ in range(4)]
+        update_actor(actor_wg, rollout_batch(sequences, pad_id=0, advantages=torch.randn(4, 8, generator=generator)))
+        received = {}
+        for backend, manager in managers.items():
+            actor_wg.use_engine(OmegaConf.to_container(configs[backend].actor_rollout_ref.rollout.checkpoint_engine))
+            metrics = manager.update_weights(global_steps=step)
+            received[backend] = rollouts[backend].received()[0]
+        actor_state = actor_wg.full_state()[0]
+
+        assert metrics["checkpoint_engine/files"] > 2  # the last manager: the checkpoint engine's
+        assert max(tensor.nbytes for tensor in actor_state.values()) > 1 << 20, "a tensor must exceed a shard"
+        for backend, (version, weights) in received.items():
+            assert version == step, backend
+            assert list(weights) == list(actor_state), backend
+        for name, tensor in actor_state.items():
+            gloo, checkpoint = received["gloo"][1][name], received["checkpoint"][1][name]
+            assert checkpoint.dtype == gloo.dtype == tensor.dtype == torch.float32, name
+            assert torch.equal(checkpoint, gloo) and torch.equal(checkpoint, tensor), name
+        if previous is not None:
+            assert any(not torch.equal(previous[name], tensor) for name, tensor in actor_state.items())
+        previous = actor_state
+    assert _versions(tmp_path / "weights") == ["v2", "v3"]
