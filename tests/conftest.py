@@ -17,6 +17,13 @@ CPU_ENV = verl_plugin.activate(CPU_RUN)
 register_resolver()
 
 
+def pytest_collection_modifyitems(items):
+    """e2e, convergence and network tests are slow too: ``-m "not slow"`` is the fast loop."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network")):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def cpu_ray():
     """A local Ray cluster whose workers run verl on the CPU platform (logical CPUs = device slots)."""

@@ -13,11 +13,11 @@ from hydra import compose, initialize_config_module
 
 from recipe.one_step_off_async.async_config import (
     AsyncTrainingConfig,
-    ConfigError,
     ElasticConfig,
     check_data_files,
     validate_config,
 )
+from recipe.one_step_off_async.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -120,6 +120,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         ),
         (["actor_rollout_ref.rollout.mode=sync"], r"rollout.mode='sync'.*Set actor_rollout_ref.rollout.mode=async"),
         (["algorithm.adv_estimator=remax"], r"adv_estimator=remax"),
+        (["global_profiler.steps=[2]"], r"global_profiler.steps=\[2\]: verl profiles the rollout of step k inside"),
         (["actor_rollout_ref.rollout.calculate_log_probs=false"], r"calculate_log_probs=False"),
         (["async_training.elastic.enable=1"], r"async_training.elastic.enable=1 must be true or false"),
         (["async_training.elastic.min_replicas=0"], r"elastic.min_replicas=0 must be an integer >= 1"),

@@ -9,6 +9,7 @@ against real server actors that die. The end-to-end runs are in ``test_elastic_o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -29,7 +30,15 @@ from recipe.one_step_off_async.elastic.client import (
     RolloutPoolLostError,
 )
 from recipe.one_step_off_async.elastic.controller import RolloutPoolController, ScaleRequest
-from recipe.one_step_off_async.elastic.pool import ElasticRolloutPool, replicas_that_fit
+from recipe.one_step_off_async.elastic.pool import (
+    PROBE_RETRY_S,
+    ElasticRolloutPool,
+    _abandon_start,
+    _dead_replicas,
+    _shut_down,
+    replicas_that_fit,
+)
+from recipe.one_step_off_async.errors import ConfigError
 
 # --- replicas_that_fit: pure --------------------------------------------------------------------
 
@@ -149,9 +158,13 @@ def load_balancer(servers: dict) -> InProcessActor:
 
 
 class Harness:
-    """An ElasticRolloutPool of ``replicas`` live replicas, with every side effect recorded."""
+    """An ElasticRolloutPool of ``replicas`` live replicas, with every side effect recorded.
 
-    def __init__(self, ray, replicas=2, free=None, start=None, **settings):
+    ``probe=True``: the pool's own liveness probe, on the processes a test gives the replicas; else the
+    replicas whose rank is in ``dead`` are found dead.
+    """
+
+    def __init__(self, ray, replicas=2, free=None, start=None, probe=False, **settings):
         self.ray = ray
         self.replicas = [FakeReplica(rank) for rank in range(replicas)]
         self.load_balancer = load_balancer({r.server_address: r.server_handle for r in self.replicas})
@@ -170,9 +183,9 @@ class Harness:
             free_resources=lambda: self.free,
             start_replica=start or (lambda replica: replica),
             shut_down=lambda replica: self.shut.append(replica.replica_rank),
-            find_dead=lambda replicas: {
-                r.replica_rank: why for r in replicas if (why := self.dead.get(r.replica_rank))
-            },
+            find_dead=None
+            if probe
+            else lambda replicas: {r.replica_rank: why for r in replicas if (why := self.dead.get(r.replica_rank))},
         )
 
     def balanced(self) -> list[str]:
@@ -455,6 +468,170 @@ def test_an_error_raised_by_a_live_replica_is_not_retried(ray_shipping_servers, 
         _generate(cpu_ray, client)
     assert sorted(cpu_ray.get(balancer.get_all_servers.remote())) == ["hf://healthy", "hf://strict"]
     assert cpu_ray.get(controller.take_lost.remote()) == {}
+
+
+# --- the liveness probe and shutting replicas down: real actors and placement groups -----------------
+
+
+class Process:
+    """A replica's process: a sync actor, one call at a time, so a probe waits behind the call it is busy with
+    (as behind an engine step on a loaded machine)."""
+
+    def hold(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@pytest.fixture
+def process(ray_shipping_servers):
+    """Starts replica processes, up and answering; kills them after the test."""
+    ray = ray_shipping_servers
+    started = []
+
+    def start():
+        handle = ray.remote(Process).options(num_cpus=0).remote()
+        ray.get(handle.__ray_ready__.remote())  # its start-up is not what a test measures
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        ray.kill(handle)
+
+
+def test_a_replica_busy_for_several_probe_rounds_but_less_than_silent_timeout_stays_live(ray_shipping_servers, process):
+    ray = ray_shipping_servers
+    busy, idle, killed = process(), process(), process()
+    busy.hold.remote(3 * PROBE_RETRY_S)
+    ray.kill(killed)
+    started = time.monotonic()
+    dead = _dead_replicas(
+        [
+            FakeReplica(0, servers=[busy]),
+            FakeReplica(1, workers=[idle], servers=[idle]),
+            FakeReplica(2, servers=[killed]),
+        ],
+        silent_timeout_s=60,
+    )
+    assert list(dead) == [2] and dead[2].startswith("ActorDiedError: ")
+    assert time.monotonic() - started > 2 * PROBE_RETRY_S  # it waited for the busy one's answer
+
+
+def _probe_answer(reachable: bool) -> bool:
+    import ray
+
+    if not reachable:
+        raise ray.exceptions.ActorUnavailableError("the actor's node does not answer", None)
+    return True
+
+
+class Unreachable:
+    """An actor handle whose first ``unreachable_probes`` probes fail as Ray fails them while it cannot reach a
+    node it has not declared dead yet (``ActorUnavailableError``); later ones are answered."""
+
+    def __init__(self, ray, unreachable_probes: int) -> None:
+        self.probes = 0
+        self._unreachable_probes = unreachable_probes
+        self._answer = ray.remote(_probe_answer)
+        self.__ray_ready__ = SimpleNamespace(remote=self._probe)
+
+    def _probe(self):
+        self.probes += 1
+        return self._answer.remote(self.probes > self._unreachable_probes)
+
+
+def test_a_replica_ray_cannot_reach_for_a_while_is_asked_again_and_stays_live(ray_shipping_servers):
+    flaky = Unreachable(ray_shipping_servers, unreachable_probes=2)
+    assert _dead_replicas([FakeReplica(0, servers=[flaky])], silent_timeout_s=60) == {}
+    assert flaky.probes == 3
+
+
+def test_a_replica_silent_past_silent_timeout_is_lost_with_the_bound_in_its_cause(ray_shipping_servers, process):
+    hung = process()
+    hung.hold.remote(3600)
+    started = time.monotonic()
+    dead = _dead_replicas([FakeReplica(0, servers=[process()]), FakeReplica(1, servers=[hung])], silent_timeout_s=1.5)
+    assert list(dead) == [1]
+    assert re.fullmatch(
+        r"silent for \d+\.\d s: no answer to a liveness probe within async_training\.elastic\.silent_timeout_s=1\.5 s "
+        r"\(Ray reports the actor ALIVE\)",
+        dead[1],
+    )
+    assert 1.5 <= time.monotonic() - started < 30
+
+
+def test_the_pool_drops_a_hung_replica_before_the_sync_naming_it_and_the_bound(ray_shipping_servers, process):
+    h = Harness(ray_shipping_servers, probe=True, silent_timeout_s=1.0)
+    hung = process()
+    hung.hold.remote(3600)
+    h.replicas[0].servers, h.replicas[1].servers = [process()], [hung]
+    h.pool.before_sync(4)
+    assert list(h.pool.live) == ["hf://replica-0"] and h.balanced() == ["hf://replica-0"] and h.shut == [1]
+    assert re.fullmatch(
+        r"replica 1 \(hf://replica-1\) lost at step 4: found dead before the weight sync \(silent for \d+\.\d s: no "
+        r"answer to a liveness probe within async_training\.elastic\.silent_timeout_s=1 s \(Ray reports the actor "
+        r"ALIVE\)\)",
+        str(h.pool.lost[0]),
+    )
+
+
+def test_silent_timeout_must_be_a_positive_number_of_seconds():
+    with pytest.raises(ConfigError, match=r"async_training.elastic.silent_timeout_s=0 must be a positive number"):
+        ElasticConfig(silent_timeout_s=0)
+    with pytest.raises(ConfigError, match=r"async_training.elastic.silent_timeout_s='2m' must be a positive number"):
+        ElasticConfig(silent_timeout_s="2m")
+
+
+def test_shutting_down_a_replica_that_is_already_gone_raises_nothing(ray_shipping_servers, process):
+    ray = ray_shipping_servers
+    died, never_placed = process(), ray.remote(Process).options(num_cpus=0, resources={"absent": 1}).remote()
+    ray.kill(died)
+    group = ray.util.placement_group([{"CPU": 0.01}])
+    ray.get(group.ready())
+    ray.util.remove_placement_group(group)
+    gone = FakeReplica(5, workers=[died, never_placed], servers=[died], resource_pool=SimpleNamespace(pgs=[group]))
+    _shut_down(gone)
+    _shut_down(gone)  # the pool may shut a replica down twice (lost, then found dead)
+
+
+def test_abandoning_a_start_frees_its_group_and_tolerates_one_removed_meanwhile(ray_shipping_servers, monkeypatch):
+    ray = ray_shipping_servers
+    group = ray.util.placement_group([{"CPU": 0.01}], name="rollout_pool_98verl_group_0")
+    ray.get(group.ready())
+    stale = ray.util.placement_group_table()
+    _abandon_start(98)
+    assert ray.util.placement_group_table(group)["state"] == "REMOVED"
+    with pytest.raises(ValueError, match="Failed to look up placement group"):
+        ray.util.get_placement_group("rollout_pool_98verl_group_0")
+    # The start's own thread read the table before the trainer's thread removed the group: Ray's
+    # "Failed to look up placement group" ValueError is the expected one.
+    monkeypatch.setattr(ray.util, "placement_group_table", lambda: stale)
+    _abandon_start(98)
+
+
+def test_any_other_error_while_shutting_down_or_abandoning_propagates(ray_shipping_servers, monkeypatch):
+    ray = ray_shipping_servers
+
+    def control_plane_down(*args, **kwargs):
+        raise RuntimeError("the GCS is unreachable")
+
+    monkeypatch.setattr(ray, "kill", control_plane_down)
+    with pytest.raises(RuntimeError, match="GCS is unreachable"):
+        _shut_down(FakeReplica(6, servers=["handle-6"]))
+    monkeypatch.undo()
+    group = ray.util.placement_group([{"CPU": 0.01}], name="rollout_pool_99verl_group_0")
+    ray.get(group.ready())
+    try:
+        monkeypatch.setattr(ray.util, "remove_placement_group", control_plane_down)
+        with pytest.raises(RuntimeError, match="GCS is unreachable"):
+            _shut_down(FakeReplica(7, resource_pool=SimpleNamespace(pgs=[group])))
+        with pytest.raises(RuntimeError, match="GCS is unreachable"):
+            _abandon_start(99)
+        monkeypatch.setattr(ray.util, "get_placement_group", control_plane_down)
+        with pytest.raises(RuntimeError, match="GCS is unreachable"):
+            _abandon_start(99)
+    finally:
+        monkeypatch.undo()
+        ray.util.remove_placement_group(group)
 
 
 # --- naming the job's controller, and the scale command -----------------------------------------

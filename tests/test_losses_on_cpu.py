@@ -2,10 +2,11 @@
 
 Values and gradients are checked against float64 references written from the papers' formulas
 (per token: the loss term and its derivative w.r.t. log pi, with the stop-gradient ratios held
-constant) and an independent statement of each verl ``loss_agg_mode`` (the weight each token's
-term gets in the aggregate), on random inputs with padding, for every mode verl offers and with
-and without rollout-correction weights. The losses are called through verl's registry, as the
-actor calls them.
+constant), weighted by the rollout-correction weights and aggregated by verl's own ``agg_loss``
+called as verl's losses call it (the mode, the mask and ``config.global_batch_info``); the weight
+each token gets in that aggregate comes from autograd through ``agg_loss``. Inputs are random with
+padding, for every mode verl offers and with and without rollout-correction weights. The losses are
+called through verl's registry, as the actor calls them.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn
+from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import ActorConfig
 
-from recipe.one_step_off_async import losses, verl_plugin
+from recipe.one_step_off_async import launch, losses, verl_plugin
 from recipe.one_step_off_async.async_config import validate_config
 from recipe.one_step_off_async.errors import ConfigError
 from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, validate_policy_loss
@@ -80,26 +81,6 @@ def reference_term(loss: str, log_prob, old_log_prob, advantages):
     raise AssertionError(loss)
 
 
-def token_weights(mode: str, mask, info: dict):
-    """d(aggregate)/d(token term), each verl loss_agg_mode stated on its own."""
-    dp = info["dp_size"]
-    lengths = mask.sum(axis=1, keepdims=True)
-    sequences = info["global_batch_size"] or (lengths > 0).sum()
-    if mode == "token-mean":
-        weights = np.full(mask.shape, dp / (info["batch_num_tokens"] or mask.sum()))
-    elif mode == "token-sum":
-        weights = np.full(mask.shape, float(dp))
-    elif mode == "seq-mean-token-sum":
-        weights = np.full(mask.shape, dp / sequences)
-    elif mode == "seq-mean-token-sum-norm":
-        weights = np.full(mask.shape, dp / sequences / (info["loss_scale_factor"] or mask.shape[1]))
-    elif mode == "seq-mean-token-mean":
-        weights = dp / sequences / np.maximum(lengths, 1) * np.ones(mask.shape)
-    else:
-        raise AssertionError(mode)
-    return weights * mask
-
-
 def actor_config(loss: str, mode: str, info: dict) -> ActorConfig:
     config = ActorConfig(
         strategy="fsdp",
@@ -131,10 +112,14 @@ def test_value_and_gradient_match_the_papers_formulas(loss, mode, info, with_is_
     assert mask.sum() == 22 and (mask.sum(axis=1) > 0).sum() == 5  # the "local" info describes this batch
     if not with_is_weights:
         is_weights = np.ones_like(log_prob)
+    config = actor_config(loss, mode, GLOBAL_INFOS[info])
     term, derivative = reference_term(loss, log_prob, old_log_prob, advantages)
-    weights = token_weights(mode, mask, GLOBAL_INFOS[info]) * is_weights
-    expected_value = (weights * term).sum()
-    expected_grad = weights * derivative
+    loss_mat = torch.tensor(term * is_weights, requires_grad=True)
+    expected = agg_loss(
+        loss_mat=loss_mat, loss_mask=torch.tensor(mask), loss_agg_mode=mode, **config.global_batch_info
+    )  # as compute_policy_loss_vanilla aggregates
+    expected.backward()  # loss_mat.grad: each token's weight in the aggregate (0 on padding)
+    expected_grad = loss_mat.grad.numpy() * is_weights * derivative
 
     log_prob_t = torch.tensor(log_prob, requires_grad=True)
     value, metrics = get_policy_loss_fn(loss)(
@@ -143,11 +128,11 @@ def test_value_and_gradient_match_the_papers_formulas(loss, mode, info, with_is_
         advantages=torch.tensor(advantages),
         response_mask=torch.tensor(mask),
         loss_agg_mode=mode,
-        config=actor_config(loss, mode, GLOBAL_INFOS[info]),
+        config=config,
         rollout_is_weights=torch.tensor(is_weights) if with_is_weights else None,
     )
     value.backward()
-    np.testing.assert_allclose(value.item(), expected_value, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(value.item(), expected.item(), rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(log_prob_t.grad.numpy(), expected_grad, rtol=1e-7, atol=1e-10)
     assert metrics["actor/ppo_kl"] == pytest.approx((old_log_prob - log_prob)[mask].mean())
 
@@ -217,13 +202,15 @@ def test_bad_loss_config_names_the_key(overrides, message):
     config = compose_config(*overrides)
     with pytest.raises(ConfigError, match=message):
         validate_policy_loss(config)
-    with pytest.raises(ConfigError, match=message):  # the recipe's start-up validation runs it
-        validate_config(config)
+    with pytest.raises(ConfigError, match=message):  # the launch runs it before Ray starts
+        launch.prepare_config(config)
 
 
 @pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
 def test_good_loss_config_validates(loss):
-    validate_config(compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"))
+    config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}")
+    validate_config(config)
+    validate_policy_loss(config)
     validate_policy_loss(compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items())))
 
 

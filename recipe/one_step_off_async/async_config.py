@@ -1,11 +1,11 @@
 """The recipe's own config keys (``async_training``) and its start-up validation.
 
 ``validate_config`` reads an OmegaConf config and either returns or raises ``ConfigError`` with a
-message that names the offending key and how to fix it; it changes nothing (it imports the
-recipe's policy losses to check their keys).
-``check_data_files`` reads only the parquet footers of the local data files. ``main_ppo`` calls
-both before Ray or any worker starts, so a bad config costs seconds, not a cluster allocation;
-the tests call the same functions directly.
+message that names the offending key and how to fix it; it changes nothing and imports no backend
+(the losses check their own keys: ``losses.validate_policy_loss``). ``check_data_files`` reads only
+the parquet footers of the local data files. ``upgrade_module_paths`` accepts the module paths of the
+flat layout before the sub-packages. ``launch.prepare_config`` calls them before Ray or any worker
+starts, so a bad config costs seconds, not a cluster allocation; the tests call the same functions.
 """
 
 from __future__ import annotations
@@ -56,6 +56,15 @@ class ElasticConfig:
         default=1800.0,
         metadata={"help": "Longest a new replica may take to be placed and load its engine; then it is abandoned."},
     )
+    silent_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "A replica that does not answer a liveness probe for this long is lost, like a dead one. The "
+            "probe runs before each weight sync and after a failed generation or sync; a busy replica answers "
+            "when it gets to it, so only silence past this bound counts. A hung replica delays that sync by this "
+            "much, then is dropped (otherwise the sync would hang on it until sync_timeout_s and fail the run)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -67,10 +76,10 @@ class ElasticConfig:
                 f"async_training.elastic.max_replicas={self.max_replicas!r} must be an integer >= 1, or null "
                 "(no automatic growth)."
             )
-        if not self.start_timeout_s > 0:
-            raise ConfigError(
-                f"async_training.elastic.start_timeout_s={self.start_timeout_s!r} must be a positive number of seconds."
-            )
+        for name in ("start_timeout_s", "silent_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"async_training.elastic.{name}={value!r} must be a positive number of seconds.")
 
 
 def _is_count(value: object) -> bool:
@@ -271,13 +280,17 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         "not schedule; use grpo, rloo, reinforce_plus_plus or gae.",
     )
     _require(
+        not OmegaConf.select(config, "global_profiler.steps"),
+        f"global_profiler.steps={OmegaConf.select(config, 'global_profiler.steps')}: verl profiles the rollout of step "
+        "k inside step k, but here the batch of step k is generated while earlier steps train, so the profile "
+        "would cover none of its generation. Unset global_profiler.steps; profile the rollout replicas with the "
+        "engine's own profiler instead.",
+    )
+    _require(
         bool(rollout.calculate_log_probs),
         "actor_rollout_ref.rollout.calculate_log_probs=False: the off-policy correction needs the rollout's "
         "log-probs of every sampled token. Set it to True.",
     )
-    from recipe.one_step_off_async.losses import validate_policy_loss  # imports torch: only when validating
-
-    validate_policy_loss(config)
     return async_config
 
 

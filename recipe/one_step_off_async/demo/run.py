@@ -19,11 +19,14 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, open_dict
 
+from recipe.one_step_off_async.demo.assets import register_resolver
+
 VAL_REWARD_PREFIX = "val-core/"
 SYNC_PHASE_PREFIX = "timing_s/sync/"
 
 
 def compose_demo_config(overrides: list[str], config_name: str = "one_step_off_ppo_cpu") -> DictConfig:
+    register_resolver()  # what the profile's Hydra callback does for the commands; compose() runs no callbacks
     with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
         config = compose(config_name=config_name, overrides=overrides)
     with open_dict(config):
@@ -35,7 +38,8 @@ def compose_demo_config(overrides: list[str], config_name: str = "one_step_off_p
 def train(config: DictConfig, metrics_path: Path) -> None:
     from verl.trainer.main_ppo import run_ppo
 
-    from recipe.one_step_off_async.main_ppo import OneStepOffTaskRunner, prepare_config
+    from recipe.one_step_off_async.launch import prepare_config
+    from recipe.one_step_off_async.trainer.task_runner import OneStepOffTaskRunner
 
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)

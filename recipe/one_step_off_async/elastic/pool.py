@@ -8,8 +8,9 @@ trainer's bookkeeping over both, applied only where the pipeline allows it:
 - **Lost** (its process died): the agent loops' ``ElasticLLMServerClient`` takes it out of the
   load balancer at once and regenerates its requests elsewhere (``elastic/client.py``). At the next
   step boundary the pool drops it from weight syncs, kills what is left of it and frees its
-  placement group. A replica that dies while the pool is idle is found by a liveness check
-  before each sync. Fewer live replicas than ``min_replicas`` fails the run, naming every loss.
+  placement group. A replica that dies while the pool is idle is found by a liveness probe
+  before each sync, as is one that stays silent for ``silent_timeout_s`` (hung: the sync would
+  hang on it). Fewer live replicas than ``min_replicas`` fails the run, naming every loss.
 - **Joining**: a replica requested by the scale command, or started because the Ray cluster has
   room for one more (``max_replicas``), starts in the background (placement and engine load take
   minutes on GPUs; training goes on). Once up, it joins the weight sync of the next sync step and
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -47,7 +48,9 @@ __all__ = ["ElasticRolloutPool", "LostReplica", "RolloutPoolLostError", "replica
 # verl's standalone replicas: one placement-group bundle per device, {"CPU": 2, <device>: 1}
 # (RolloutReplica.init_standalone: max_colocate_count=2; RayResourcePool.get_placement_groups).
 STANDALONE_CPUS_PER_DEVICE = 2
-LIVENESS_TIMEOUT_S = 30.0
+# How often the liveness probe asks again a process Ray could not reach (ActorUnavailableError: its node
+# or connection may be failing, and Ray has not declared it dead yet), within silent_timeout_s.
+PROBE_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,23 +111,33 @@ def _start_replica(replica: RolloutReplica) -> RolloutReplica:
 
 
 def _shut_down(replica: RolloutReplica) -> None:
-    """Kill the replica's processes and free its placement group (a dead node's group would be re-placed)."""
+    """Kill the replica's processes and free its placement group (a dead node's group would be re-placed).
+
+    Nothing is caught: with Ray 2.60 both calls return quietly for an actor or group that is already gone
+    (dead, killed, never created, on a lost node; a group removed or never placed). What they do raise (a
+    GCS call that fails or times out, a handle from another Ray session) is not a replica being gone, and
+    fails the run.
+    """
     for handle in {*replica.workers, *replica.servers}:
-        with contextlib.suppress(Exception):  # already gone
-            ray.kill(handle, no_restart=True)
+        ray.kill(handle, no_restart=True)
     pool = replica.resource_pool
     for group in (pool.pgs or []) if pool is not None else []:
-        with contextlib.suppress(Exception):
-            ray.util.remove_placement_group(group)
+        ray.util.remove_placement_group(group)
 
 
 def _abandon_start(rank: int) -> None:
-    """Free the placement group of a replica start that timed out (its actors go with it)."""
+    """Free the placement group of a replica start that was given up on (its actors go with it).
+
+    Found by verl's group name (the start may not have recorded its groups yet), in this job's namespace.
+    """
     prefix = f"rollout_pool_{rank}verl_group_"
     for group in ray.util.placement_group_table().values():
         if group.get("name", "").startswith(prefix) and group.get("state") != "REMOVED":
-            with contextlib.suppress(Exception):
-                ray.util.remove_placement_group(ray.util.get_placement_group(group["name"]))
+            try:
+                placed = ray.util.get_placement_group(group["name"])
+            except ValueError:  # Ray's "Failed to look up placement group": removed since the table was read
+                continue  # (the start's own thread frees it too), or another namespace's group of that name
+            ray.util.remove_placement_group(placed)
 
 
 class ElasticRolloutPool:
@@ -139,7 +152,8 @@ class ElasticRolloutPool:
         free_resources: the cluster's free resources per node (Ray's view by default; tests inject one).
         start_replica: builds and starts a replica on a background thread (tests inject one).
         shut_down: kills a replica's processes and frees its resources (tests inject one).
-        find_dead: replica rank -> cause, for the given replicas whose processes are gone (tests inject one).
+        find_dead: replica rank -> cause, for the given replicas that are dead or silent past
+            ``settings.silent_timeout_s`` (Ray's liveness probe by default; tests inject one).
     """
 
     def __init__(
@@ -162,7 +176,7 @@ class ElasticRolloutPool:
         self._free_resources = free_resources
         self._start_replica = start_replica
         self._shut_down = shut_down
-        self._find_dead = find_dead or _dead_replicas
+        self._find_dead = find_dead or functools.partial(_dead_replicas, silent_timeout_s=settings.silent_timeout_s)
         # verl hands the checkpoint manager the server manager's own list: keep them apart, since the
         # manager's add/remove_replicas updates its list and the pool rebinds the server manager's.
         for name in ("rollout_replicas", "server_handles", "server_addresses"):
@@ -462,20 +476,66 @@ class ElasticRolloutPool:
         self._controller.resolve.remote(request_id, state, "; ".join(self._notes[request_id]))
 
 
-def _dead_replicas(replicas: list[RolloutReplica]) -> dict[int, str]:
-    """Replica rank -> why, for replicas with a process that is gone (hung ones are the sync's deadline)."""
-    probes = {
-        handle.__ray_ready__.remote(): replica.replica_rank
-        for replica in replicas
-        for handle in {*replica.workers, *replica.servers}
-    }
-    ray.wait(list(probes), num_returns=len(probes), timeout=LIVENESS_TIMEOUT_S)
+def _dead_replicas(replicas: list[RolloutReplica], silent_timeout_s: float) -> dict[int, str]:
+    """Replica rank -> why, for replicas with a process that died or stays silent for ``silent_timeout_s``.
+
+    Each process gets one probe (Ray's ``__ray_ready__``), answered as soon as the actor gets to it: at once
+    when idle, after the call it is busy with otherwise (an hf server's engine step, a loaded machine). So a
+    slow answer is never taken for a death: the wait ends when every process answered or died, or when the
+    bound has passed, and only a process still silent then is declared lost. A probe Ray could not deliver
+    (``ActorUnavailableError``: Ray has not decided yet whether the actor is gone) is sent again every
+    ``PROBE_RETRY_S``; once Ray declares the actor dead, it fails with ``ActorDiedError``.
+    """
+    rank_of = {handle: replica.replica_rank for replica in replicas for handle in {*replica.workers, *replica.servers}}
+    started = time.monotonic()
+    deadline = started + silent_timeout_s
     dead: dict[int, str] = {}
-    for probe, rank in probes.items():
-        try:
-            ray.get(probe, timeout=0)
-        except ray.exceptions.RayActorError as error:
-            dead.setdefault(rank, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-        except ray.exceptions.GetTimeoutError:
-            pass
+    silent = set(rank_of)  # processes that have not answered yet
+    in_flight: dict[ray.ObjectRef, ray.actor.ActorHandle] = {}
+    announced = False
+    while silent:
+        round_end = min(time.monotonic() + PROBE_RETRY_S, deadline)
+        asked = set(in_flight.values())
+        in_flight.update({handle.__ray_ready__.remote(): handle for handle in silent - asked})
+        ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=max(0.0, round_end - time.monotonic()))
+        unreachable = False
+        for probe in ready:
+            handle = in_flight.pop(probe)
+            try:
+                ray.get(probe)
+            except ray.exceptions.ActorUnavailableError:
+                unreachable = True  # still silent: asked again next round
+                continue
+            except ray.exceptions.ActorDiedError as error:
+                dead.setdefault(rank_of[handle], f"{type(error).__name__}: {_first_line(error)}")
+            silent.discard(handle)
+        silent = {handle for handle in silent if rank_of[handle] not in dead}  # one dead process is enough
+        in_flight = {probe: handle for probe, handle in in_flight.items() if handle in silent}
+        if time.monotonic() >= deadline:
+            break
+        if silent and not announced:  # the trainer waits here: say why
+            announced = True
+            ranks = sorted({rank_of[handle] for handle in silent})
+            print(
+                f"[elastic] replica(s) {ranks} have not answered a liveness probe yet; waiting up to "
+                f"async_training.elastic.silent_timeout_s={silent_timeout_s:g} s"
+            )
+        if unreachable:
+            time.sleep(max(0.0, round_end - time.monotonic()))
+    for handle in silent:
+        dead.setdefault(
+            rank_of[handle],
+            f"silent for {time.monotonic() - started:.1f} s: no answer to a liveness probe within "
+            f"async_training.elastic.silent_timeout_s={silent_timeout_s:g} s (Ray reports the actor "
+            f"{_actor_state(handle)})",
+        )
     return dead
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else ""
+
+
+def _actor_state(handle: ray.actor.ActorHandle) -> str:
+    """Ray's own record of an actor (the GCS actor table): ALIVE for a process that is up but hung."""
+    return ray._private.state.actors(handle._actor_id.hex()).get("State", "unknown to the GCS")

@@ -58,6 +58,12 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         with hybrid_engine_assert_disabled(config):
             super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs)
         self.rollout_pool = FixedRolloutPool()
+        self.pool_controller = None
+        if self.async_config.elastic.enable:
+            from recipe.one_step_off_async.elastic.controller import start_controller
+
+            # Before any replica loads: a second job under the same name fails here, in seconds.
+            self.pool_controller = start_controller(self.config.trainer.experiment_name)
         self._clock_origin = time.time()
 
     # ------------------------------------------------------------------ workers
@@ -81,7 +87,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
                 self.async_config.elastic,
                 self.llm_server_manager,
                 self.checkpoint_manager,
-                self._pool_controller,
+                self.pool_controller,
                 device_resource=get_platform().ray_resource_name(),
             )
             print(
@@ -115,11 +121,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         client_options = {}
         if self.async_config.elastic.enable:
             from recipe.one_step_off_async.elastic.client import ElasticLLMServerClient
-            from recipe.one_step_off_async.elastic.controller import start_controller
 
-            # Before any replica loads: a second job under the same name fails here, in seconds.
-            self._pool_controller = start_controller(self.config.trainer.experiment_name)
-            client_options = {"client_cls": ElasticLLMServerClient, "controller": self._pool_controller}
+            client_options = {"client_cls": ElasticLLMServerClient, "controller": self.pool_controller}
         # Standalone replicas on their own pool: LLMServerManager gets no worker group.
         self.llm_server_manager = LLMServerManager.create(config=self.config)
         self.async_rollout_mode = True

@@ -1,0 +1,92 @@
+"""What a launch sets up before Ray starts (``launch.prepare_config``, ``verl_plugin``): backends found by their
+registered names in every worker, and configs written for the flat layout before the sub-packages still run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from recipe.one_step_off_async import verl_plugin
+from recipe.one_step_off_async.async_config import upgrade_module_paths
+from recipe.one_step_off_async.launch import prepare_config
+
+OLD_LAYOUT = {
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
+        "recipe.one_step_off_async.file_checkpoint_engine",
+        None,
+    ),
+    "actor_rollout_ref.rollout.checkpoint_manager_class": (
+        "recipe.one_step_off_async.sync_timing.TimedCheckpointEngineManager",
+        "recipe.one_step_off_async.weight_sync.timing.TimedCheckpointEngineManager",
+    ),
+    "actor_rollout_ref.actor.policy_loss._target_": (
+        "recipe.one_step_off_async.policy_losses.OffPolicyLossConfig",
+        "recipe.one_step_off_async.losses.OffPolicyLossConfig",
+    ),
+}
+
+
+def compose_cpu(*overrides: str):
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        return compose(config_name="one_step_off_ppo_cpu", overrides=list(overrides))
+
+
+PROBE = """
+import json, verl
+from verl.checkpoint_engine.base import CheckpointEngineRegistry
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+print(json.dumps({
+    "gloo": CheckpointEngineRegistry.get("gloo").__module__,
+    "checkpoint": CheckpointEngineRegistry.get("checkpoint").__module__,
+    "hf": RolloutReplicaRegistry.get("hf").__module__,
+    "topr": get_policy_loss_fn("topr").__module__,
+}))
+"""
+
+
+def test_a_worker_importing_verl_finds_every_recipe_backend_by_its_registered_name():
+    """What every Ray worker does: ``import verl`` with the env of a CPU launch, nothing else."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    env.update(verl_plugin.worker_env(compose_cpu()))
+    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "gloo": "recipe.one_step_off_async.weight_sync.gloo",
+        "checkpoint": "recipe.one_step_off_async.weight_sync.files",
+        "hf": "recipe.one_step_off_async.rollout.hf.replica",
+        "topr": "recipe.one_step_off_async.losses",
+    }
+
+
+def test_old_module_paths_are_rewritten_with_a_notice_naming_the_new_setting():
+    config = compose_cpu(
+        *(f"++{key}={old}" for key, (old, _) in OLD_LAYOUT.items()),
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
+        "'recipe.one_step_off_async.cpu,mine.plugin,recipe.one_step_off_async.policy_losses'",
+    )
+    notices = upgrade_module_paths(config)
+    for key, (old, new) in OLD_LAYOUT.items():
+        assert OmegaConf.select(config, key) == new
+        assert any(f"{key}={old}" in notice and (new is None or f"set {key}={new}" in notice) for notice in notices)
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == "mine.plugin"
+    assert len(notices) == 4
+    assert upgrade_module_paths(config) == []  # the new layout's config needs nothing
+
+
+def test_a_launch_with_the_old_layouts_keys_runs_with_a_future_warning():
+    config = compose_cpu(
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
+        "++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
+        "recipe.one_step_off_async.file_checkpoint_engine",
+    )
+    with pytest.warns(FutureWarning, match="custom_backend_module=.* is no longer needed"):
+        prepare_config(config)
+    assert config.actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module is None
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.startswith(verl_plugin.__name__)

@@ -1,0 +1,77 @@
+"""The trainer's per-batch checks (``trainer/checks.py``) as pure functions, and verl's generation step run on
+the pipeline's finished generation (``Replayed``): what verl adds to a batch still reaches the actor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
+from verl import DataProto
+
+from recipe.one_step_off_async.errors import OffPolicyCorrectionError, RewardError, WeightVersionError
+from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards, measured_weight_version
+from recipe.one_step_off_async.trainer.deadlines import Replayed
+
+
+def batch(scores=(1.0, 0.0, 0.5), versions=((3, 3), (3, 3), (3, 3)), log_probs: bool = True) -> DataProto:
+    size = len(scores)
+    rm_scores = torch.zeros(size, 2)
+    rm_scores[:, -1] = torch.tensor(scores)
+    tensors = {"rm_scores": rm_scores, **({"rollout_log_probs": torch.zeros(size, 2)} if log_probs else {})}
+    first, last = (np.array([v[i] for v in versions], dtype=object) for i in (0, 1))
+    sources = np.array(["sort"] * size, dtype=object)
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors={"data_source": sources, "min_global_steps": first, "max_global_steps": last}
+    )
+
+
+def test_finite_rewards_pass_and_a_nan_or_inf_is_named_with_the_reward_function():
+    check_rewards(5, batch(), reward_function="reward.py:compute_score")
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(RewardError, match=r"1 of 3 samples of the batch for step 5 .*\['sort'\].*reward.py"):
+            check_rewards(5, batch(scores=(1.0, bad, 0.0)), reward_function="reward.py:compute_score")
+
+
+def test_missing_rollout_log_probs_fail_only_when_the_correction_is_configured():
+    check_correction_inputs(2, batch(log_probs=False), correction_configured=False, rollout_name="hf")
+    check_correction_inputs(2, batch(), correction_configured=True, rollout_name="hf")
+    with pytest.raises(OffPolicyCorrectionError, match="'vllm' rollout returned no rollout_log_probs .* step 2"):
+        check_correction_inputs(2, batch(log_probs=False), correction_configured=True, rollout_name="vllm")
+
+
+def test_the_measured_version_is_the_contracts_and_every_violation_names_the_sample():
+    assert measured_weight_version(5, batch(), expected=3, rollout_name="hf", contract="staleness 1") == 3
+    with pytest.raises(WeightVersionError, match=r"\[2, 3\] \(first wrong sample: 1\), expected v3 \(staleness 1\)"):
+        measured_weight_version(5, batch(versions=((3, 3), (2, 2), (3, 3))), 3, "hf", "staleness 1")
+    with pytest.raises(WeightVersionError, match="Sample 2 of the batch for step 5 .* across weight versions v3..v4"):
+        measured_weight_version(5, batch(versions=((3, 3), (3, 3), (3, 4))), 3, "hf", "staleness 1")
+    with pytest.raises(WeightVersionError, match="did not report the weight version"):
+        measured_weight_version(5, batch(versions=((3, 3), (None, None), (3, 3))), 3, "hf", "staleness 1")
+
+
+def test_replayed_hands_back_the_finished_generation_and_refuses_another_batch_size():
+    output = batch()
+    assert Replayed(output).generate_sequences(batch()) is output
+    with pytest.raises(ValueError, match="verl asked for 2 samples; the pipeline generated 3"):
+        Replayed(output).generate_sequences(batch(scores=(1.0, 0.0), versions=((3, 3), (3, 3))))
+
+
+def test_the_actor_gets_what_verls_generation_step_adds_to_a_batch():
+    """verl's own ``_fit_generate`` runs on the pipeline's output: response mask, token counts, temperature and
+    the multi-modal lengths (``images_seqlens``, vision-language models) reach the update."""
+    log = EventLog()
+    rollout = StubRollout(log)
+    trainer = build_trainer(
+        compose_config("trainer.total_training_steps=2"), log, rollout, StubWeightSync(log, rollout)
+    )
+    seen = []
+    update = trainer._update_actor
+    trainer._update_actor = lambda b: seen.append(b) or update(b)
+    trainer.fit()
+    assert len(seen) == 2
+    for trained in seen:
+        assert trained.meta_info["images_seqlens"] == []  # text-only batch: none, but the key is verl's
+        assert len(trained.meta_info["global_token_num"]) == len(trained)
+        assert trained.meta_info["temperature"] == trainer.config.actor_rollout_ref.rollout.temperature
+        assert "response_mask" in trained.batch.keys()
