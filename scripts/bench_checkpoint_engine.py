@@ -9,14 +9,16 @@ training, removes the versions every receiver has loaded on the next write. Thro
 bytes / wall time (not multiplied by the number of receivers); the number to watch is the ratio
 checkpoint / gloo, taken per repetition from two syncs run back to back, so load on a shared
 machine affects both alike. The per-sync setup and teardown (prepare, init_process_group, finalize)
-are reported apart.
+are reported apart. With ``--consumer drop`` the file engine's receivers never touch the payload
+(they yield views of the files as safetensors maps them; pages are read on first touch), so only
+``--consumer load`` compares the two engines like for like.
 
 Why: the file engine trades the broadcast's pipelining for files (written whole, then read by
 every receiver); this shows what that costs where both engines can run, one node.
 
 How:
-    python scripts/bench_checkpoint_engine.py                   # 2 receivers, 64 MiB shards, 5 reps
-    python scripts/bench_checkpoint_engine.py --consumer load   # receivers also load into a model
+    python scripts/bench_checkpoint_engine.py --consumer load   # 2 receivers, 64 MiB shards, 5 reps
+    python scripts/bench_checkpoint_engine.py                   # receivers drop the tensors unread
     python scripts/bench_checkpoint_engine.py --dir /mnt/nfs/tmp --layers 4
 """
 
@@ -86,7 +88,7 @@ def main() -> None:
         "--consumer",
         choices=("load", "drop"),
         default="drop",
-        help="drop: the engine alone (default); load: also copy into the receiver's model",
+        help="drop: the engine alone, file engine's tensors unread (default); load: also copy into a model",
     )
     parser.add_argument("--dir", default="/dev/shm", help="where the file engine's folder is made")
     args = parser.parse_args()

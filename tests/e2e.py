@@ -2,7 +2,8 @@
 
 Each run gets its own directory: the metrics (verl's ``file`` logger, one JSON line per step),
 the rollout dumps (``trainer.rollout_data_dir``: the prompts trained at each step), checkpoints
-and the console output.
+and the console output. ``main_until_ray`` runs the entry point's body in the test process up to
+where Ray would start, for what a launch checks before it (seconds instead of a launch).
 """
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickletools
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
-ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", "--config-name=one_step_off_ppo_cpu"]
+CPU_PROFILE = "one_step_off_ppo_cpu"
+ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", f"--config-name={CPU_PROFILE}"]
 STEPS = 4
-ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the crash-resume test
+ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the resume chain
 
 # Per recipe loss: extra overrides, a metric only it logs (or None), a metric it must not log (or None):
 # proof that the Ray actor worker ran the recipe's loss, not verl's default PPO-clip `vanilla`.
@@ -30,8 +35,9 @@ LOSS_SIGNATURES = {
     "kimi15": (("+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5",), None, "actor/pg_clipfrac"),
 }
 # Which run carries which recipe loss: each loss runs end to end once.
-ONE_STEP_OFF_LOSS, RESUME_LOSS = "topr", "kimi15"  # test_e2e_main_on_cpu.py
-KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_elastic_on_cpu.py
+ONE_STEP_OFF_LOSS = "topr"  # the shared run (conftest.one_step_off_run, test_e2e_main_on_cpu.py)
+RESUME_LOSS = "kimi15"  # the resume chain (test_e2e_faults_on_cpu.py)
+KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_e2e_elastic_on_cpu.py
 CHECKPOINT_ENGINE = ("actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",)
 
 
@@ -152,3 +158,57 @@ def run_main(
     )
     (directory / "output.log").write_text(result.stdout)
     return Run(result.returncode, time.monotonic() - started, directory, result.stdout)
+
+
+def main_until_ray(*overrides: str) -> None:
+    """The entry point's body (``main_ppo.main``) in this process, on the CPU profile with ``overrides``.
+
+    Raises what the launch would raise before Ray starts; reaching verl's ``run_ppo`` (which starts Ray)
+    is an ``AssertionError``.
+    """
+    from hydra import compose, initialize_config_module
+    from verl.trainer import main_ppo as verl_main_ppo
+
+    from recipe.one_step_off_async import main_ppo
+
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        config = compose(config_name=CPU_PROFILE, overrides=list(overrides))
+    started_ray = AssertionError("the launch got as far as starting Ray")
+    with mock.patch.object(verl_main_ppo, "run_ppo", side_effect=started_ray):
+        main_ppo.main(config)
+
+
+_STRING_OPCODES = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING"}
+
+
+def pickled_globals(folder: Path) -> dict[Path, set[str]]:
+    """Every ``module:name`` that the pickles of ``folder``'s ``*.pt`` files (torch zip archives) import, by file.
+
+    Read with ``pickletools``, never unpickled: what loading the file would import, without importing it.
+    """
+    found = {}
+    for path in sorted(folder.rglob("*.pt")):
+        with zipfile.ZipFile(path) as archive:
+            members = [name for name in archive.namelist() if name.endswith(".pkl")]
+            found[path] = set().union(*(_globals(archive.read(name)) for name in members))
+    return found
+
+
+def _globals(pickled: bytes) -> set[str]:
+    # STACK_GLOBAL takes module and name from the stack: follow the strings pushed (and memoised) before it.
+    imported, pushed, memo = set(), [], {}
+    for opcode, arg, _ in pickletools.genops(pickled):
+        if opcode.name in ("GLOBAL", "STACK_GLOBAL"):
+            imported.add(arg.replace(" ", ":", 1) if opcode.name == "GLOBAL" else f"{pushed[-2]}:{pushed[-1]}")
+            pushed.append(None)
+        elif opcode.name in _STRING_OPCODES:
+            pushed.append(arg)
+        elif opcode.name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1]
+        elif opcode.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = pushed[-1]
+        elif opcode.name in ("GET", "BINGET", "LONG_BINGET"):
+            pushed.append(memo[arg])
+        elif opcode.stack_after:
+            pushed.append(None)
+    return imported

@@ -3,21 +3,22 @@
 Two kinds of faults:
 
 - **In-process**, through verl's own extension points: a custom agent loop
-  (``rollout.agent.agent_loop_config_path``) that raises, never returns, or kills a rollout replica
-  (``ray.kill``, while the calls before it are still generating) on its N-th call,
-  custom reward functions (``reward.custom_reward_function``) that raise or return NaN, and a
-  gloo engine whose rollout workers never finish receiving one weight version
-  (``frozen_sync.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``).
+  (``rollout.agent.agent_loop_config_path``) that kills a rollout replica (``ray.kill``, while the
+  calls before it are still generating) on its N-th call, and custom reward functions
+  (``reward.custom_reward_function``) with a given body (one that raises, say).
 - **From outside**, on a run started with ``start_main``: every process of the run (the driver,
   Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
   by its Ray process title (``ray::HFRolloutServer``, ``ray::WorkerDict``...), kill or stop it at a
   chosen moment (e.g. once step k's metrics are logged), interrupt the driver, and afterwards
   list whatever the run left behind.
+
+Faults whose whole effect is on the driver's side (a generation error, a validation or weight sync
+that never returns, a NaN reward) are injected into the real trainer with stub workers instead
+(``stub_trainer.py``): no launch needed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -32,30 +33,20 @@ import ray
 from e2e import ENTRY, read_metrics
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from recipe.one_step_off_async import verl_plugin
-
 TESTS_DIR = Path(__file__).resolve().parent
-FAIL_AT_CALL_ENV = "FAULTS_AGENT_LOOP_FAIL_AT_CALL"
-HANG_AT_CALL_ENV = "FAULTS_AGENT_LOOP_HANG_AT_CALL"
 KILL_REPLICA_AT_CALL_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_AT_CALL"
-FREEZE_SYNC_ENV = "FAULTS_FREEZE_SYNC_VERSION"  # read by frozen_sync.py in the run's processes
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
 ACTOR_WORKER = "ray::WorkerDict"
 
 
-class InjectedFault(RuntimeError):
-    """Raised by a fault the test asked for."""
-
-
 # --- in-process faults ---------------------------------------------------------------------------
 
 
 class FailingAgentLoop(SingleTurnAgentLoop):
-    """The single-turn agent loop, except that its N-th call in a worker process raises, never returns, or
-    first kills a rollout replica (the one the load balancer would pick next) while the calls before it
-    are still generating."""
+    """The single-turn agent loop, except that its N-th call in a worker process first kills a rollout
+    replica (the one the load balancer would pick next) while the calls before it are still generating."""
 
     calls = 0
 
@@ -65,29 +56,18 @@ class FailingAgentLoop(SingleTurnAgentLoop):
             server_id, server = await self.server_manager._acquire_server(f"fault-{uuid.uuid4().hex}")
             self.server_manager._release_server(server_id)
             ray.kill(server)  # its process is killed, as by the OOM killer: requests on it die with it
-        if FailingAgentLoop.calls == int(os.environ.get(FAIL_AT_CALL_ENV, 0)):
-            raise InjectedFault(f"generation failed on agent-loop call {FailingAgentLoop.calls}")
-        if FailingAgentLoop.calls == int(os.environ.get(HANG_AT_CALL_ENV, 0)):
-            await asyncio.Event().wait()  # a rollout that never answers
         return await super().run(sampling_params, **kwargs)
 
 
-def failing_generation(
-    directory: Path, fail_at_call: int = 0, hang_at_call: int = 0, kill_replica_at_call: int = 0
-) -> tuple[list[str], dict[str, str]]:
-    """Overrides and env for a run whose generation raises, hangs or kills a replica on agent-loop call N."""
+def failing_generation(directory: Path, kill_replica_at_call: int) -> tuple[list[str], dict[str, str]]:
+    """Overrides and env for a run whose generation kills a rollout replica on agent-loop call N."""
     config = directory / "failing_agent_loop.yaml"
     config.write_text(f"- name: failing_agent\n  _target_: {__name__}.FailingAgentLoop\n")
     overrides = [
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
     ]
-    env = {
-        FAIL_AT_CALL_ENV: str(fail_at_call),
-        HANG_AT_CALL_ENV: str(hang_at_call),
-        KILL_REPLICA_AT_CALL_ENV: str(kill_replica_at_call),
-    }
-    return overrides, {**env, **_tests_on_python_path()}
+    return overrides, {KILL_REPLICA_AT_CALL_ENV: str(kill_replica_at_call), **_tests_on_python_path()}
 
 
 def reward_function(directory: Path, body: str) -> list[str]:
@@ -98,13 +78,6 @@ def reward_function(directory: Path, body: str) -> list[str]:
         + "".join(f"    {line}\n" for line in body.splitlines())
     )
     return [f"reward.custom_reward_function.path={path}", "reward.custom_reward_function.name=compute_score"]
-
-
-def frozen_weight_sync(version: int) -> dict[str, str]:
-    """Env for a run whose rollout workers never finish receiving weight version ``version``."""
-    # frozen_sync registers its engine as `gloo`, after the recipe's plugin: imported by the run's processes,
-    # never by this one.
-    return {verl_plugin.EXTERNAL_MODULES_ENV: "frozen_sync", FREEZE_SYNC_ENV: str(version), **_tests_on_python_path()}
 
 
 def _tests_on_python_path() -> dict[str, str]:

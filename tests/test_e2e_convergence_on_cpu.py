@@ -49,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from e2e import Run, run_main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.convergence
 
 ACCURACY = "val-core/one_step_off_async/sort_letters/acc/mean@1"
 STEPS = 40

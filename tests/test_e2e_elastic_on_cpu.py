@@ -36,7 +36,7 @@ from e2e import (
 )
 from faults import ROLLOUT_SERVER, failing_generation, start_main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 ELASTIC = ("async_training.elastic.enable=true",)
 SAMPLES_PER_BATCH = 16 * 4  # data.train_batch_size x rollout.n of the CPU profile

@@ -1,25 +1,56 @@
 """Faults on the real entry point: a run fails fast and clearly, leaves nothing behind, loses no data.
 
-Each test starts ``python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_cpu``
-with ``faults.start_main`` (or ``e2e.run_main``), injects one fault, and checks the exit code, the
-time to failure, the message, and that no process of the run survives it.
+Six launches of ``python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_cpu``
+(``faults.start_main`` or ``e2e.run_main``), each checking the exit code, the time to failure, the
+message, and that no process of the run survives it:
+
+- a rollout replica killed mid-generation; a rollout worker lost during a weight sync; a reward
+  function that raises (one launch each);
+- the resume chain (``resume_chain``): three launches sharing one checkpoint folder, with weights
+  pushed every 4 steps and at every checkpoint (every 3 steps), so each checkpoint the interrupt can
+  leave falls in the middle of a sync interval. Launch 1 is stopped by Ctrl-C; launch 2 resumes and
+  its actor worker is SIGKILLed mid-update; launch 3 resumes and finishes. Together they train every
+  batch of the shared undisturbed run (``one_step_off_run``, conftest.py) once, in its order, with
+  the contract's weight versions, and carry the kimi15 loss end to end. Their checkpoints import no
+  recipe module, and a truncated one fails the next launch before Ray starts.
+
+What a launch checks before Ray starts (a truncated checkpoint, an empty dataset) runs the entry
+point's body in this process (``e2e.main_until_ray``). Faults whose whole effect is on the driver's
+side (a generation error, a validation or first weight sync that never returns, a NaN reward) are
+tested with the real trainer and stub workers (test_trainer_loop_on_cpu.py).
 """
 
 from __future__ import annotations
 
-import random
+import contextlib
+import re
+import shutil
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-import pandas as pd
 import pytest
-from e2e import ONE_STEP_OFF_STEPS, run_main
-from faults import ACTOR_WORKER, ROLLOUT_SERVER, failing_generation, frozen_weight_sync, reward_function, start_main
+from e2e import (
+    ONE_STEP_OFF_STEPS,
+    RESUME_LOSS,
+    Run,
+    assert_loss_ran,
+    contract_version,
+    loss_overrides,
+    main_until_ray,
+    pickled_globals,
+    run_main,
+)
+from faults import ACTOR_WORKER, ROLLOUT_SERVER, WatchedRun, reward_function, start_main
 
+from recipe.one_step_off_async.errors import CheckpointError
+from recipe.one_step_off_async.trainer.pipeline import expected_weight_version
 from recipe.one_step_off_async.trainer.resume import verify_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # Bounded everything: a failure must surface within these, not after verl's hour-long defaults.
 BOUNDED = (
@@ -31,170 +62,87 @@ BOUNDED = (
 )
 FAIL_WITHIN_S = 120
 
+# The resume chain: the shared run's data and staleness, weights pushed every 4th step and at each
+# checkpoint (every 3rd step and the last), so the checkpoints an interrupt can leave (3, 6) are mid-interval.
+CHAIN_SYNC_INTERVAL, CHAIN_SAVE_FREQ = 4, 3
+CHAIN_SYNCED_STEPS = {3, 4, 6, 8}
+# Ctrl-C in a step that ends with a weight sync; the trainer may finish a step or two before Ray is torn
+# down, so it resumes from 3 (then runs syncs 4 and 6 again) or from 6.
+CHAIN_INTERRUPTED_IN_STEP = 4
+CHAIN = (
+    *BOUNDED,
+    "async_training.staleness=1",
+    f"async_training.sync_interval={CHAIN_SYNC_INTERVAL}",
+    f"trainer.save_freq={CHAIN_SAVE_FREQ}",
+    f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}",
+    "trainer.resume_mode=auto",
+    *loss_overrides(RESUME_LOSS),
+)
 
-def assert_failed_cleanly(run, output: str, seconds_after_fault: float) -> None:
-    print(f"failed {seconds_after_fault:.1f} s after the fault")  # for the record (pytest -s)
-    assert run.process.returncode != 0
-    assert seconds_after_fault < FAIL_WITHIN_S, f"took {seconds_after_fault:.0f} s to fail"
-    assert run.leftovers() == []
-    assert "Traceback" in output
+
+@dataclass
+class Ended:
+    """How a disturbed launch ended: its run, seconds from the fault to its exit, processes it left behind."""
+
+    run: Run
+    seconds_after_fault: float
+    leftovers: list[str]
+
+
+@contextlib.contextmanager
+def watched(directory: Path, *overrides: str) -> Iterator[WatchedRun]:
+    """``faults.start_main``; whatever the run still has alive when the block ends (a failed wait) is killed."""
+    run = start_main(directory, *overrides)
+    try:
+        yield run
+    finally:
+        run.kill_everything()
+
+
+def end_by(run: WatchedRun, fault: Callable[[], object], timeout_s: float = FAIL_WITHIN_S + 60) -> Ended:
+    """Inject ``fault``, then wait for the run to exit and for its processes to go."""
+    fault()
+    injected_at = time.monotonic()
+    returncode, seconds, output = run.wait(timeout_s=timeout_s)
+    seconds_after_fault = time.monotonic() - injected_at
+    print(f"exited {seconds_after_fault:.1f} s after the fault")  # for the record (pytest -s)
+    return Ended(Run(returncode, seconds, run.directory, output), seconds_after_fault, run.leftovers())
+
+
+def assert_failed_cleanly(ended: Ended) -> None:
+    assert ended.run.returncode != 0
+    assert ended.seconds_after_fault < FAIL_WITHIN_S, f"took {ended.seconds_after_fault:.0f} s to fail"
+    assert ended.leftovers == []
+    assert "Traceback" in ended.run.output
 
 
 def test_rollout_replica_dying_mid_generation_fails_the_run_naming_it(tmp_path):
-    run = start_main(tmp_path, *BOUNDED, "trainer.total_training_steps=100")
-    run.wait_for_step(2)
-    run.signal_worker(ROLLOUT_SERVER, signal.SIGKILL)
-    killed_at = time.monotonic()
-    _, _, output = run.wait(timeout_s=FAIL_WITHIN_S + 60)
-    assert_failed_cleanly(run, output, time.monotonic() - killed_at)
-    assert "HFRolloutServer" in output and "died" in output
-
-
-def test_actor_dying_mid_update_fails_the_run_naming_it(tmp_path):
-    run = start_main(tmp_path, *BOUNDED, "trainer.total_training_steps=100", "actor_rollout_ref.actor.ppo_epochs=8")
-    run.wait_for_step(1)
-    time.sleep(1.0)  # inside step 2's update: ppo_epochs makes it the bulk of the step
-    run.signal_worker(ACTOR_WORKER, signal.SIGKILL)
-    killed_at = time.monotonic()
-    _, _, output = run.wait(timeout_s=FAIL_WITHIN_S + 60)
-    assert_failed_cleanly(run, output, time.monotonic() - killed_at)
-    assert "ActorDiedError" in output and "WorkerDict" in output
+    with watched(tmp_path, *BOUNDED, "trainer.total_training_steps=100") as run:
+        run.wait_for_step(2)
+        ended = end_by(run, lambda: run.signal_worker(ROLLOUT_SERVER, signal.SIGKILL))
+    assert_failed_cleanly(ended)
+    assert "HFRolloutServer" in ended.run.output and "died" in ended.run.output
 
 
 def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
     # staleness 0: the rollout pool is idle while the actor trains, and the next thing it does is
     # receive weights. Freeze the rollout server during training, so the sync meets a dead peer.
-    run = start_main(
-        tmp_path,
-        *BOUNDED,
+    overrides = (
         "async_training.staleness=0",
         "trainer.total_training_steps=100",
         "actor_rollout_ref.actor.ppo_epochs=8",
     )
-    run.wait_for_step(1)
-    run.wait_for_task(ACTOR_WORKER, "update_actor")  # step 2: generation done, the actor is updating
-    server = run.signal_worker(ROLLOUT_SERVER, signal.SIGSTOP)
-    frozen_step = max(run.logged_steps()) + 1
-    time.sleep(6)  # the update ends and the sync starts, against a frozen receiver
-    server.kill()
-    killed_at = time.monotonic()
-    _, _, output = run.wait(timeout_s=FAIL_WITHIN_S + 60)
-    assert_failed_cleanly(run, output, time.monotonic() - killed_at)
-    assert "HFRolloutServer" in output
-    assert "_fit_update_weights" in output  # the failure surfaced in the weight sync
+    with watched(tmp_path, *BOUNDED, *overrides) as run:
+        run.wait_for_step(1)
+        run.wait_for_task(ACTOR_WORKER, "update_actor")  # step 2: generation done, the actor is updating
+        server = run.signal_worker(ROLLOUT_SERVER, signal.SIGSTOP)
+        frozen_step = max(run.logged_steps()) + 1
+        time.sleep(6)  # the update ends and the sync starts, against a frozen receiver
+        ended = end_by(run, server.kill)
+    assert_failed_cleanly(ended)
+    assert "HFRolloutServer" in ended.run.output
+    assert "_fit_update_weights" in ended.run.output  # the failure surfaced in the weight sync
     assert frozen_step not in run.logged_steps()  # the step whose sync failed is not reported as done
-
-
-def test_validation_that_never_returns_fails_within_the_generation_timeout(tmp_path):
-    # verl's _validate generates on the driver thread; the trainer bounds it like every other wait.
-    overrides, env = failing_generation(tmp_path, hang_at_call=1)  # the first call is validation (step 0)
-    run = start_main(
-        tmp_path,
-        *BOUNDED,
-        *overrides,
-        "async_training.generation_timeout_s=15",
-        "trainer.val_before_train=true",
-        "trainer.total_training_steps=3",
-        env=env,
-    )
-    _, seconds, output = run.wait(timeout_s=FAIL_WITHIN_S + 120)
-    assert_failed_cleanly(run, output, seconds)
-    assert "Generation of the batch for validation step 0 did not finish within 15 s" in output
-    assert run.logged_steps() == []
-
-
-def test_rollout_frozen_in_the_first_weight_sync_fails_within_the_sync_timeout(tmp_path):
-    # verl's fit() syncs v0 before its loop; the rollout worker never finishes receiving it. The gloo
-    # engine's own timeout is set above the sync bound, so the trainer's bound is what fires.
-    run = start_main(
-        tmp_path,
-        "async_training.sync_timeout_s=15",
-        "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300",
-        "trainer.val_before_train=false",
-        "trainer.total_training_steps=3",
-        env=frozen_weight_sync(version=0),
-    )
-    _, seconds, output = run.wait(timeout_s=FAIL_WITHIN_S + 180)
-    assert_failed_cleanly(run, output, seconds)
-    assert "Syncing weights v0 from the actor to the rollout replicas did not finish within 15 s" in output
-    assert run.logged_steps() == []
-
-
-def test_ctrl_c_stops_the_run_the_last_checkpoint_resumes_and_a_truncated_one_is_named(tmp_path, demo_assets):
-    checkpoints = tmp_path / "checkpoints"
-    run = start_main(
-        tmp_path / "interrupted",
-        *BOUNDED,
-        "trainer.total_training_steps=100",
-        "trainer.save_freq=2",
-        f"trainer.default_local_dir={checkpoints}",
-    )
-    run.wait_for_step(3)
-    time.sleep(0.3)  # inside step 4
-    run.interrupt()
-    interrupted_at = time.monotonic()
-    code, _, output = run.wait(timeout_s=FAIL_WITHIN_S)
-    assert code != 0
-    assert time.monotonic() - interrupted_at < 60
-    assert run.leftovers() == []
-
-    # The trainer may finish a step or two while the interrupt tears Ray down: any even step is fine,
-    # as long as the tracker names a checkpoint that was written completely.
-    last = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
-    assert last >= 2 and last % 2 == 0
-    verify_checkpoint(checkpoints / f"global_step_{last}", demo_assets.model_dir, actor_world_size=1)
-    resumed = run_main(
-        tmp_path / "resumed",
-        *BOUNDED,
-        f"trainer.total_training_steps={last + 2}",
-        "trainer.save_freq=2",
-        "trainer.resume_mode=auto",
-        checkpoints=checkpoints,
-    )
-    assert resumed.returncode == 0, resumed.output[-3000:]
-    assert sorted(resumed.metrics) == [last + 1, last + 2]
-
-    # The resumed run's last checkpoint, cut short on disk: resuming from it fails, naming the file.
-    shard = checkpoints / f"global_step_{last + 2}" / "actor" / "model_world_size_1_rank_0.pt"
-    shard.write_bytes(shard.read_bytes()[:1000])
-    truncated = run_main(
-        tmp_path / "truncated",
-        *BOUNDED,
-        f"trainer.total_training_steps={last + 4}",
-        "trainer.resume_mode=auto",
-        checkpoints=checkpoints,
-    )
-    assert truncated.returncode != 0
-    assert f"Checkpoint file {shard} is truncated or corrupt" in truncated.output
-    assert truncated.metrics == {}  # never trained from scratch
-
-
-def test_killed_twice_and_resumed_consumes_the_same_data_in_the_same_order(tmp_path, one_step_off_run):
-    steps = ONE_STEP_OFF_STEPS  # the reference: the shared undisturbed run (conftest.py)
-    common = (*BOUNDED, f"trainer.total_training_steps={steps}")
-    assert one_step_off_run.returncode == 0, one_step_off_run.output[-3000:]
-
-    rng = random.Random(0)
-    checkpoints = tmp_path / "checkpoints"
-    directory = tmp_path / "interrupted"
-    for kill_after_step in (rng.randint(1, 3), rng.randint(5, 6)):
-        run = start_main(
-            directory,
-            *common,
-            "trainer.save_freq=1",
-            "trainer.resume_mode=auto",
-            f"trainer.default_local_dir={checkpoints}",
-        )
-        run.wait_for_step(kill_after_step)
-        time.sleep(rng.uniform(0.0, 0.6))  # somewhere in the next step
-        run.kill_everything()  # a crash: every process of the run, SIGKILL
-        run.process.wait(timeout=30)
-        assert run.leftovers(grace_s=10) == []
-    final = run_main(directory, *common, "trainer.resume_mode=auto", checkpoints=checkpoints)
-    assert final.returncode == 0, final.output[-3000:]
-
-    for step in range(1, steps + 1):  # each step's dump is from the last segment that trained it
-        assert Counter(final.prompts(step)) == Counter(one_step_off_run.prompts(step)), f"step {step}"
 
 
 def test_reward_function_that_raises_fails_the_run_with_its_exception(tmp_path):
@@ -209,25 +157,122 @@ def test_reward_function_that_raises_fails_the_run_with_its_exception(tmp_path):
     assert "ZeroDivisionError: reward bug on" in run.output
 
 
-def test_reward_function_that_returns_nan_fails_the_run_before_training_on_it(tmp_path):
-    run = run_main(
-        tmp_path,
-        *BOUNDED,
-        "trainer.total_training_steps=3",
-        *reward_function(tmp_path, "return float('nan') if len(solution_str) % 2 else 1.0"),
-        timeout_s=300,
-    )
-    assert run.returncode != 0
-    assert "is NaN or infinite" in run.output and "faulty_reward.py" in run.output
-    assert run.metrics == {}
+# --- the resume chain ----------------------------------------------------------------------------
 
 
-def test_empty_dataset_fails_before_any_worker_starts(tmp_path, demo_assets):
-    empty = tmp_path / "empty.parquet"
-    pd.read_parquet(demo_assets.train_file).iloc[:0].to_parquet(empty)
-    started = time.monotonic()
-    run = run_main(tmp_path, *BOUNDED, f"data.train_files={empty}", timeout_s=300)
-    assert run.returncode != 0
-    assert f"data.train_files: {empty} hold no rows" in run.output
-    assert "ray init kwargs" not in run.output  # checked before Ray starts
-    assert time.monotonic() - started < 90
+@dataclass
+class ResumeChain:
+    checkpoints: Path
+    interrupted: Ended  # launch 1: Ctrl-C inside step CHAIN_INTERRUPTED_IN_STEP
+    resumed_from: int  # the step of the checkpoint the tracker named after launch 1
+    crashed: Ended  # launch 2: resumed from it, the actor worker SIGKILLed in its first update
+    finished: Run  # launch 3: resumed from it again, to the last step
+
+
+@pytest.fixture(scope="module")
+def resume_chain(tmp_path_factory, demo_assets) -> ResumeChain:
+    root = tmp_path_factory.mktemp("resume_chain")
+    checkpoints = root / "checkpoints"
+    chain = (*CHAIN, f"trainer.default_local_dir={checkpoints}")
+
+    with watched(root / "interrupted", *chain) as run:
+        run.wait_for_step(CHAIN_INTERRUPTED_IN_STEP - 1)
+        time.sleep(0.3)  # inside the next step
+        interrupted = end_by(run, run.interrupt, timeout_s=FAIL_WITHIN_S)
+    resumed_from = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
+
+    # ppo_epochs makes the update the bulk of the step: the kill lands inside it.
+    with watched(root / "crashed", *chain, "actor_rollout_ref.actor.ppo_epochs=8") as run:
+        run.wait_for_task(ACTOR_WORKER, "update_actor")
+        crashed = end_by(run, lambda: run.signal_worker(ACTOR_WORKER, signal.SIGKILL))
+
+    finished = run_main(root / "finished", *CHAIN, checkpoints=checkpoints)
+    return ResumeChain(checkpoints, interrupted, resumed_from, crashed, finished)
+
+
+def test_chain_ctrl_c_stops_the_run_and_the_tracker_names_a_complete_checkpoint(resume_chain, demo_assets):
+    """Launch 1: Ctrl-C stops the run within 60 s, nothing left behind, the last tracked checkpoint loadable."""
+    interrupted = resume_chain.interrupted
+    assert interrupted.run.returncode != 0
+    assert interrupted.seconds_after_fault < 60
+    assert interrupted.leftovers == []
+    # The trainer may finish a step or two while the interrupt tears Ray down: any saved step is fine, as
+    # long as the tracker names a checkpoint that was written completely.
+    last = resume_chain.resumed_from
+    assert last % CHAIN_SAVE_FREQ == 0 and CHAIN_SAVE_FREQ <= last < ONE_STEP_OFF_STEPS
+    verify_checkpoint(resume_chain.checkpoints / f"global_step_{last}", demo_assets.model_dir, actor_world_size=1)
+
+
+def test_chain_actor_dying_mid_update_fails_the_resumed_run_naming_it(resume_chain):
+    """Launch 2: an actor rank killed in the middle of an update fails the run quickly, by name."""
+    crashed = resume_chain.crashed
+    assert_failed_cleanly(crashed)
+    assert "ActorDiedError" in crashed.run.output and "WorkerDict" in crashed.run.output
+
+
+def test_chain_trains_every_batch_once_in_order_with_the_contract_versions(resume_chain, one_step_off_run):
+    """Launches 1 and 3: each step trains the undisturbed run's prompts with the contract's weight version.
+
+    The data order does not depend on sync_interval or the loss, so the shared run is the reference. A run
+    resumed from step N trains next on batch N+1, regenerated with v_N (the save synced it, though N is
+    mid-interval); from step N+1+s on the versions are those of a run never interrupted.
+    """
+    assert one_step_off_run.returncode == 0, one_step_off_run.output[-3000:]
+    finished, last = resume_chain.finished, resume_chain.resumed_from
+    assert finished.returncode == 0, finished.output[-3000:]
+    assert sorted(finished.metrics) == list(range(last + 1, ONE_STEP_OFF_STEPS + 1))
+
+    def version(step: int, base: int) -> int:
+        return expected_weight_version(step, 1, base, CHAIN_SYNCED_STEPS.__contains__)
+
+    assert [version(step, 0) for step in range(1, ONE_STEP_OFF_STEPS + 1)] == [0, 0, 0, 0, 3, 4, 4, 6]
+    # Each step from the launch that trained it last: up to the checkpoint launch 1, after it launch 3.
+    trained_by = {step: (resume_chain.interrupted.run, 0) for step in range(1, last + 1)}
+    trained_by.update({step: (finished, last) for step in finished.metrics})
+    for step, (run, resumed_at) in trained_by.items():
+        values = run.metrics[step]
+        assert Counter(run.prompts(step)) == Counter(one_step_off_run.prompts(step)), f"step {step}"
+        assert values["async/weight_version"] == version(step, resumed_at), f"step {step}"
+        assert values["async/staleness"] == step - 1 - values["async/weight_version"]
+        assert values["async/synced"] == float(step in CHAIN_SYNCED_STEPS), f"step {step}"
+        if step not in CHAIN_SYNCED_STEPS:
+            assert values["timing_s/sync_weights"] == 0.0
+        assert_loss_ran(values, RESUME_LOSS)
+
+    assert last % CHAIN_SYNC_INTERVAL != 0  # the resume point is in the middle of a sync interval
+    resumed_first = finished.metrics[last + 1]["async/weight_version"]
+    assert resumed_first == contract_version(last + 1, 1, CHAIN_SYNC_INTERVAL, start=last) == last
+    for step in range(last + 2, ONE_STEP_OFF_STEPS + 1):
+        assert finished.metrics[step]["async/weight_version"] == version(step, 0), f"step {step}"
+
+
+def test_chain_checkpoints_import_no_recipe_module(resume_chain):
+    """Every pickle the chain saved loads without the recipe's modules: checkpoints survive modules moving."""
+    imported = pickled_globals(resume_chain.checkpoints)
+    saved = {path.relative_to(resume_chain.checkpoints).as_posix() for path in imported}
+    final = f"global_step_{ONE_STEP_OFF_STEPS}"
+    shards = {f"{final}/actor/{kind}_world_size_1_rank_0.pt" for kind in ("model", "optim", "extra_state")}
+    assert {f"{final}/data.pt", *shards} <= saved, sorted(saved)
+    assert "torch._utils:_rebuild_tensor_v2" in set().union(*imported.values())  # the scan sees torch's own
+    from_recipe = {
+        str(path): sorted(name for name in names if re.match(r"recipe[.:]", name)) for path, names in imported.items()
+    }
+    assert not any(from_recipe.values()), from_recipe
+
+
+def test_chain_truncated_checkpoint_fails_the_next_launch_before_ray_naming_the_file(resume_chain, tmp_path):
+    """The last checkpoint, cut short on disk: the next launch fails before Ray starts (it never trains from
+    scratch), naming the file."""
+    tracker = resume_chain.checkpoints / "latest_checkpointed_iteration.txt"
+    last = f"global_step_{tracker.read_text().strip()}"
+    checkpoints = tmp_path / "checkpoints"  # a copy: the other chain tests read the original
+    shutil.copytree(resume_chain.checkpoints / last, checkpoints / last)
+    shutil.copy(tracker, checkpoints / tracker.name)
+    resume = ("trainer.resume_mode=auto", f"trainer.default_local_dir={checkpoints}")
+    with pytest.raises(AssertionError, match="starting Ray"):  # intact, it passes every check
+        main_until_ray(*BOUNDED, *resume)
+
+    shard = checkpoints / last / "actor" / "model_world_size_1_rank_0.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=re.escape(f"Checkpoint file {shard} is truncated or corrupt")):
+        main_until_ray(*BOUNDED, *resume)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
+from e2e import main_until_ray
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.async_config import upgrade_module_paths
-from recipe.one_step_off_async.launch import prepare_config
+from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.launch import prepare_config, upgrade_module_paths
 
 OLD_LAYOUT = {
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
@@ -90,3 +93,31 @@ def test_a_launch_with_the_old_layouts_keys_runs_with_a_future_warning():
         prepare_config(config)
     assert config.actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module is None
     assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.startswith(verl_plugin.__name__)
+
+
+def test_empty_dataset_fails_the_launch_before_ray_starts(tmp_path, demo_assets):
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(demo_assets.train_file).iloc[:0].to_parquet(empty)
+    with pytest.raises(ConfigError, match=re.escape(f"data.train_files: {empty} hold no rows")):
+        main_until_ray(f"data.train_files={empty}")
+
+
+# Modules the plugin imports that import verl themselves: in a worker, importing one of them first starts
+# ``import verl``, which imports the plugin while that module is still half imported.
+IMPORTED_BY_THE_PLUGIN = ("losses", "platforms.cpu", "weight_sync.common", "weight_sync.gloo", "weight_sync.files")
+
+
+def test_any_recipe_module_imported_first_in_a_worker_survives_the_plugin_import_cycle():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    env.update(verl_plugin.worker_env(compose_cpu()))
+    script = "import recipe.one_step_off_async.{}; from verl.plugin.platform import get_platform; print(get_platform())"
+    probes = {
+        module: subprocess.Popen(
+            [sys.executable, "-c", script.format(module)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for module in IMPORTED_BY_THE_PLUGIN
+    }
+    for module, probe in probes.items():
+        out, err = probe.communicate(timeout=300)
+        assert probe.returncode == 0, f"importing {module} first: {err.decode()[-2000:]}"
+        assert b"PlatformCPU" in out, module

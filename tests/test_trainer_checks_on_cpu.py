@@ -11,7 +11,7 @@ from verl import DataProto
 
 from recipe.one_step_off_async.errors import OffPolicyCorrectionError, RewardError, WeightVersionError
 from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards, measured_weight_version
-from recipe.one_step_off_async.trainer.deadlines import Replayed
+from recipe.one_step_off_async.trainer.replay import Replayed
 
 
 def batch(scores=(1.0, 0.0, 0.5), versions=((3, 3), (3, 3), (3, 3)), log_probs: bool = True) -> DataProto:
@@ -59,17 +59,19 @@ def test_replayed_hands_back_the_finished_generation_and_refuses_another_batch_s
 
 def test_the_actor_gets_what_verls_generation_step_adds_to_a_batch():
     """verl's own ``_fit_generate`` runs on the pipeline's output: response mask, token counts, temperature and
-    the multi-modal lengths (``images_seqlens``, vision-language models) reach the update."""
+    the multi-modal lengths (``images_seqlens``, vision-language models) reach the update, and the replicas are
+    never put to sleep."""
     log = EventLog()
     rollout = StubRollout(log)
-    trainer = build_trainer(
-        compose_config("trainer.total_training_steps=2"), log, rollout, StubWeightSync(log, rollout)
-    )
-    seen = []
+    sync = StubWeightSync(log, rollout)
+    trainer = build_trainer(compose_config("trainer.total_training_steps=2"), log, rollout, sync)
+    seen, slept = [], []
     update = trainer._update_actor
     trainer._update_actor = lambda b: seen.append(b) or update(b)
+    sync.sleep_replicas = lambda: slept.append(trainer.global_steps)
     trainer.fit()
     assert len(seen) == 2
+    assert slept == []  # verl's step would put the replicas to sleep while they generate the batches ahead
     for trained in seen:
         assert trained.meta_info["images_seqlens"] == []  # text-only batch: none, but the key is verl's
         assert len(trained.meta_info["global_token_num"]) == len(trained)

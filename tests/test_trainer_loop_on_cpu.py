@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 
@@ -13,6 +15,7 @@ from recipe.one_step_off_async.errors import (
 )
 
 TOTAL_STEPS = 6
+FAIL_WITHIN_S = 10  # a failure surfaces at once, or right after its timeout (0.3 s here)
 
 
 def run(staleness: int, steps: int = TOTAL_STEPS, *overrides: str, **rollout_kwargs):
@@ -81,8 +84,17 @@ def test_data_order_is_the_dataloader_order_for_every_staleness():
 
 
 def test_generation_error_reaches_the_driver_with_the_original_exception():
-    with pytest.raises(ValueError, match="stub generation failed for step 3"):
-        run(staleness=1, fail_at_step=3)
+    """The rollout's own exception, type, message and traceback, right away; the failed batch is never trained."""
+    log = EventLog()
+    rollout = StubRollout(log, fail_at_step=3)
+    config = compose_config("async_training.staleness=1", f"trainer.total_training_steps={TOTAL_STEPS}")
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="stub generation failed for step 3") as failure:
+        trainer.fit()
+    assert time.monotonic() - started < FAIL_WITHIN_S
+    assert failure.traceback[-1].name == "generate_sequences"  # raised where the rollout raised it
+    assert [update[1] for update in log.of("update")] == [1, 2]
 
 
 def test_a_skipped_weight_sync_is_an_error_not_a_silent_stale_batch():
@@ -108,9 +120,23 @@ def test_generation_timeout_names_what_it_waited_for():
         trainer.fit()
 
 
-def test_a_nan_reward_stops_the_run_before_it_is_trained_on():
-    with pytest.raises(RewardError, match="reward of 1 of 8 samples of the batch for step 2 is NaN"):
-        run(staleness=1, nan_at_step=2)
+def test_a_nan_reward_stops_the_run_before_it_is_trained_on(tmp_path):
+    """The error names the step, the samples and the user's reward function file; the batch is never trained."""
+    reward_file = tmp_path / "faulty_reward.py"
+    log = EventLog()
+    rollout = StubRollout(log, nan_at_step=2)
+    config = compose_config(
+        "async_training.staleness=1",
+        f"trainer.total_training_steps={TOTAL_STEPS}",
+        f"reward.custom_reward_function.path={reward_file}",
+        "reward.custom_reward_function.name=compute_score",
+    )
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
+    with pytest.raises(RewardError, match="reward of 1 of 8 samples of the batch for step 2 is NaN or infinite") as e:
+        trainer.fit()
+    assert f"reward function {reward_file}:compute_score" in str(e.value)
+    assert [update[1] for update in log.of("update")] == [1]
+    assert len(trainer.logged_metrics) == 1  # step 1 only: the NaN batch was neither trained nor reported
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])
@@ -167,26 +193,39 @@ def test_checkpoint_steps_sync_so_the_rollout_holds_the_saved_version():
 
 
 def test_validation_that_never_returns_fails_within_the_generation_timeout():
+    """verl's validation generates on the driver thread; the trainer bounds it like every other wait."""
     log = EventLog()
     rollout = StubRollout(log, hang_validation=True)
     config = compose_config(
         "trainer.total_training_steps=2", "trainer.val_before_train=true", "async_training.generation_timeout_s=0.3"
     )
     trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
-    with pytest.raises(PipelineTimeoutError, match=r"validation step 0 did not finish within 0.3 s"):
+    started = time.monotonic()
+    with pytest.raises(
+        PipelineTimeoutError,
+        match=r"Generation of the batch for validation step 0 did not finish within 0.3 s "
+        r"\(async_training.generation_timeout_s",
+    ):
         trainer.fit()
+    assert time.monotonic() - started < FAIL_WITHIN_S
+    assert log.of("update") == [] and trainer.logged_metrics == []  # nothing trained, no step reported
 
 
 def test_a_first_weight_sync_that_never_returns_fails_within_the_sync_timeout():
+    """verl's fit() syncs v0 before its loop; a receiver that never finishes fails the run after the bound."""
     log = EventLog()
     rollout = StubRollout(log)
     config = compose_config("trainer.total_training_steps=2", "async_training.sync_timeout_s=0.3")
     trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout, hang_version=0))
+    started = time.monotonic()
     with pytest.raises(
-        PipelineTimeoutError, match=r"Syncing weights v0 .* within 0.3 s \(async_training.sync_timeout_s\)"
+        PipelineTimeoutError,
+        match=r"Syncing weights v0 from the actor to the rollout replicas did not finish within 0.3 s "
+        r"\(async_training.sync_timeout_s\)",
     ):
         trainer.fit()
-    assert log.of("update") == []
+    assert time.monotonic() - started < FAIL_WITHIN_S
+    assert log.of("update") == [] and trainer.logged_metrics == []  # nothing trained, no step reported
 
 
 def test_missing_rollout_log_probs_fail_the_step_instead_of_skipping_the_correction():

@@ -24,8 +24,12 @@ def make_dataloader(seed: int = 7) -> StatefulDataLoader:
     return StatefulDataLoader(data, batch_size=BATCH, drop_last=True, sampler=RandomSampler(data, generator=generator))
 
 
-def make_pipeline(staleness: int, generate=None) -> RolloutPipeline:
+def make_pipeline(staleness: int, generate=None, launched: list[int] | None = None) -> RolloutPipeline:
+    """``launched`` records the step of every generation the pipeline launches, in order."""
+
     def prepare(batch: torch.Tensor, step: int) -> tuple[DataProto, DataProto]:
+        if launched is not None:
+            launched.append(step)
         prompts = DataProto.from_dict(tensors={"ids": batch.clone()}, meta_info={"step": step})
         return prompts, prompts
 
@@ -94,22 +98,23 @@ def test_resume_after_the_last_step_continues_into_more_steps():
 
 
 def test_no_generation_is_launched_beyond_the_last_step():
-    pipeline = make_pipeline(2)
-    consume(pipeline, 1, 4)
-    assert pipeline.launched_steps == [1, 2, 3, 4]
+    launched = []
+    consume(make_pipeline(2, launched=launched), 1, 4)
+    assert launched == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])
 def test_each_launch_ahead_starts_the_batch_s_plus_1_steps_ahead(staleness):
-    pipeline = make_pipeline(staleness)
+    launched = []
+    pipeline = make_pipeline(staleness, launched=launched)
     pipeline.start(1, 9)
     items = iter(pipeline)
     next(items)
-    assert pipeline.launched_steps == list(range(1, staleness + 2))  # before step 1: batches 1..s+1
+    assert launched == list(range(1, staleness + 2))  # before step 1: batches 1..s+1
     pipeline.launch_ahead()
-    assert pipeline.launched_steps == list(range(1, staleness + 3))
+    assert launched == list(range(1, staleness + 3))
     pipeline.launch_ahead()  # idempotent until the next step takes its batch
-    assert pipeline.launched_steps == list(range(1, staleness + 3))
+    assert launched == list(range(1, staleness + 3))
     pipeline.close()
 
 

@@ -1,14 +1,17 @@
-"""Tests of the ``checkpoint`` engine (``recipe.one_step_off_async.weight_sync.files``).
+"""Tests of the ``checkpoint`` engine (``recipe.one_step_off_async.weight_sync.files``), and the one
+test that syncs verl's own FSDP2 actor through both recipe engines.
 
 The engine has no collective, so the fast tests run actor rank 0's engine and two rollout workers'
 engines in one process, driven the way verl's ``CheckpointEngineManager`` drives them (prepare,
 build_topology, init_process_group, send | receive, finalize), on a folder under ``tmp_path``; one
-test kills a writer process mid-version. The ``slow`` test syncs verl's own FSDP2 actor (2 ranks)
-through verl's manager to a rollout worker of each engine, ``gloo`` and ``checkpoint``; the real
-entry point runs with ``backend=checkpoint`` in ``tests/test_e2e_main_on_cpu.py``.
+test kills a writer process mid-version. What the engine shares with the ``gloo`` engine is tested
+in ``test_weight_sync_common_on_cpu.py``. The ``slow`` test builds verl's FSDP2 actor (2 ranks) once
+and, after each update, syncs it through verl's manager to a rollout worker of each engine,
+``gloo`` and ``checkpoint``: every tensor must arrive exactly, through both. The real entry point runs
+with ``backend=checkpoint`` in ``tests/test_e2e_main_on_cpu.py``.
 
-    pytest tests/test_file_checkpoint_engine_on_cpu.py -m "not slow"
-    pytest tests/test_file_checkpoint_engine_on_cpu.py -m slow
+    pytest tests/test_weight_sync_files_on_cpu.py -m "not slow"   # ~5 s
+    pytest tests/test_weight_sync_files_on_cpu.py -m slow         # ~35 s
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
 import recipe.one_step_off_async.weight_sync.files as file_engine
@@ -145,15 +148,6 @@ def _versions(folder: Path) -> list[str]:
 # --- fast tests -----------------------------------------------------------------------------------
 
 
-def test_build_topology_one_writer_drain_ranks_and_readers():
-    location = WeightsLocation(dir="/weights", run_id="r", sync_id="s")
-    actor, rollout = FileCheckpointEngine.build_topology(3, 2, [location, None, None, None, None])
-    assert actor == {"rank": [0, -1, -1], "world_size": [3] * 3, "location": [location] * 3}
-    assert rollout == {"rank": [1, 2], "world_size": [3] * 2, "location": [location] * 2}
-    with pytest.raises(ValueError, match="is_master=True"):
-        FileCheckpointEngine.build_topology(2, 1, [None, None, None])
-
-
 def test_verl_config_selects_the_engine_and_the_recipe_accepts_it(tmp_path):
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.import_utils import import_external_libs
@@ -185,11 +179,11 @@ def test_verl_config_selects_the_engine_and_the_recipe_accepts_it(tmp_path):
 
 def test_syncs_deliver_every_tensor_exactly_as_safetensors(tmp_path):
     workers = _Workers(tmp_path)
-    for version in (1, 2, 3, 4):  # from v3 on, the files of the version before last are overwritten
+    for version in (1, 2, 3, 4):  # from v3 on, the version before last is removed before each write
         for received in workers.sync(seed=version, version=version):
             _assert_exactly(received, seed=version, version=version)
     assert workers.metrics["checkpoint_engine/files"] > 2
-    # A model with fewer tensors (files) than the version whose files it overwrites.
+    # A model with fewer tensors (files) than the versions before it.
     fewer = dict(list(_weights(5).items())[1:])
     for received in workers.sync(seed=5, version=5, weights=iter(fewer.items())):
         assert received["version"] == 5
@@ -263,11 +257,11 @@ def test_full_disk_is_a_clear_error_and_leaves_no_partial_version(tmp_path, monk
     written = []
     real_write = file_engine._write_file
 
-    def write_until_full(path, header, data):
+    def write_until_full(path, tensors):
         if written:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         written.append(path)
-        real_write(path, header, data)
+        return real_write(path, tensors)
 
     monkeypatch.setattr(file_engine, "_write_file", write_until_full)
     walked = []
@@ -296,10 +290,9 @@ def test_writer_raising_mid_file_leaves_the_previous_version_loadable(tmp_path, 
     workers.sync(seed=1, version=1)
     v1 = WeightsLocation(dir=str(tmp_path), run_id=workers.writer.run_id, sync_id=_manifest_sync_id(tmp_path / "v1"))
 
-    def write_half_then_fail(path, header, data):
-        with open(path, "xb") as file:
-            file.write(header)
-            file.write(memoryview(data.numpy())[: data.numel() // 2])
+    def write_half_then_fail(path, tensors):
+        save_file(tensors, path)
+        os.truncate(path, os.path.getsize(path) // 2)
         raise OSError(errno.EIO, "Input/output error", str(path))
 
     monkeypatch.setattr(file_engine, "_write_file", write_half_then_fail)
@@ -317,6 +310,42 @@ def test_writer_raising_mid_file_leaves_the_previous_version_loadable(tmp_path, 
 
 def _manifest_sync_id(version_dir: Path) -> str:
     return file_engine._read_manifest(version_dir)["sync_id"]
+
+
+def _truncate(shard: Path) -> str:
+    os.truncate(shard, shard.stat().st_size - 10)
+    return "bytes but its manifest says"
+
+
+def _retype(shard: Path) -> str:
+    """The same bytes, the fp32 tensors stored as int32: a file of the same size that another program wrote."""
+    tensors = load_file(shard)
+    retyped = {name: t.view(torch.int32) if t.dtype == torch.float32 else t for name, t in tensors.items()}
+    save_file(retyped, shard, metadata={"format": "pt"})
+    return "as int32 .*, its manifest says float32"
+
+
+def _scramble_header(shard: Path) -> str:
+    with open(shard, "r+b") as file:
+        file.seek(8)
+        file.write(b"#" * 16)
+    return "is no safetensors file"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _retype, _scramble_header], ids=["truncated", "foreign", "garbled"])
+def test_a_shard_changed_after_it_was_written_fails_the_receiver_naming_it(tmp_path, damage):
+    workers = _Workers(tmp_path, receivers=1)
+    workers.sync(seed=1, version=1)
+    manifest = file_engine._read_manifest(tmp_path / "v1")
+    name = next(f["name"] for f in manifest["files"] if any(t["dtype"] == "float32" for t in f["tensors"]))
+    expected = damage(tmp_path / "v1" / name)
+    receiver = workers.receivers[0]
+    receiver.init_process_group(
+        rank=1, world_size=2, location=WeightsLocation(str(tmp_path), workers.writer.run_id, manifest["sync_id"])
+    )
+    with pytest.raises(WeightSyncError, match=f"{tmp_path / 'v1' / name}.*{expected}"):
+        asyncio.run(_receive(receiver, 1))
+    receiver.finalize()
 
 
 KILLED_WRITER = textwrap.dedent(
@@ -392,33 +421,83 @@ def test_receiver_that_cannot_see_the_folder_names_the_key_to_fix(tmp_path):
         receiver.init_process_group(rank=1, world_size=2, location=location)
 
 
-# --- verl's actor, checkpoint engine workers and manager (Ray) ------------------------------------
+# --- verl's actor, checkpoint engine workers and manager (Ray), both engines ---------------------
+
+
+def _build_tiny_qwen2(path: Path) -> None:
+    """A 2-layer Qwen2 whose embedding and lm_head (2 MiB each in fp32) exceed a 1 MiB bucket."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(path)
+    config = Qwen2Config(
+        vocab_size=8192,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+
+
+class _KeepingServerAdapter:
+    """The rollout server's end of a sync, reduced to keeping what arrived and its version."""
+
+    replica_rank = 0
+    is_leader_rank = True
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+        self.version: int | None = None
+
+    async def update_weights(self, weights, global_steps: int | None = None, **kwargs: Any) -> None:
+        # A copy of each: the engine's tensors are valid only until the next one is asked for.
+        self.weights = {name: tensor.clone() async for name, tensor in weights}
+        self.version = weights.version
+
+
+class _ReplicaOfOneWorker:
+    """What verl's ``CheckpointEngineManager`` uses of a rollout replica: its workers and its pauses."""
+
+    def __init__(self, workers: list) -> None:
+        self.workers = workers
+
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        pass
+
+    async def resume_generation(self) -> None:
+        pass
+
+    async def release_kv_cache(self) -> None:
+        pass
+
+    async def resume_kv_cache(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
-def ray_shipping_test_helpers(cpu_ray):
-    """The session's Ray, with this module's and the gloo test's helper classes shipped by value:
-    Ray workers cannot import a test module."""
-    import test_gloo_checkpoint_engine_on_cpu as gloo_tests
-
-    modules = (sys.modules[__name__], gloo_tests)
-    for module in modules:
-        cpu_ray.cloudpickle.register_pickle_by_value(module)
+def ray_shipping_this_module(cpu_ray):
+    """The session's Ray (``cpu_ray``, tests/conftest.py), with this module's helper classes shipped
+    by value: Ray workers cannot import a test module."""
+    cpu_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield cpu_ray
-    for module in modules:
-        cpu_ray.cloudpickle.unregister_pickle_by_value(module)
+    cpu_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.slow
-def test_fsdp2_actor_syncs_bit_identical_to_the_gloo_engine(ray_shipping_test_helpers, tmp_path):
-    """The same actor, after each of 3 updates, synced by verl's manager through each engine in turn."""
-    ray = ray_shipping_test_helpers
-    from test_gloo_checkpoint_engine_on_cpu import (
-        _build_tiny_qwen2,
-        _checkpoint_engine_overrides,
-        _KeepingServerAdapter,
-        _ReplicaOfOneWorker,
-    )
+def test_fsdp2_actor_syncs_exactly_and_bit_identically_through_both_engines(ray_shipping_this_module, tmp_path):
+    """The same actor, after each of 3 updates, synced by verl's manager through each engine in turn:
+    ``gloo`` through the engine verl's actor worker built from its config, ``checkpoint`` through one
+    built the same way from the other config."""
+    ray = ray_shipping_this_module
     from verl.checkpoint_engine.base import CheckpointEngineManager, CheckpointEngineWorker
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -430,8 +509,11 @@ def test_fsdp2_actor_syncs_bit_identical_to_the_gloo_engine(ray_shipping_test_he
     class ActorWithTwoEngines(ActorRolloutRefWorker):
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def use_engine(self, engine_config: dict) -> None:
-            """Sync through ``engine_config.backend`` from now on (each engine is built once and kept)."""
-            engines = self.__dict__.setdefault("engines", {})
+            """Sync through ``engine_config.backend`` from now on (each engine is built once and kept;
+            the one of the actor's own config is the engine verl built)."""
+            engines = self.__dict__.setdefault(
+                "engines", {self.config.rollout.checkpoint_engine.backend: self.checkpoint_engine}
+            )
             if engine_config["backend"] not in engines:
                 import_external_libs(engine_config["custom_backend_module"])
                 engines[engine_config["backend"]] = CheckpointEngineRegistry.new(
@@ -444,6 +526,7 @@ def test_fsdp2_actor_syncs_bit_identical_to_the_gloo_engine(ray_shipping_test_he
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def full_state(self) -> dict[str, torch.Tensor] | None:
+            # Every rank walks the generator (each full tensor is an FSDP all-gather); rank 0 keeps it.
             params, _ = self.actor.engine.get_per_tensor_param()
             state = {name: tensor.clone() for name, tensor in params}
             return state if self.rank == 0 else None
@@ -455,13 +538,20 @@ def test_fsdp2_actor_syncs_bit_identical_to_the_gloo_engine(ray_shipping_test_he
 
     model_path = tmp_path / "tiny_qwen2"
     _build_tiny_qwen2(model_path)
+    bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1"
+    gloo_overrides = [
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.one_step_off_async.weight_sync.gloo",
+        bucket,
+        "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=60",
+    ]
     file_overrides = [
         *BACKEND_OVERRIDES,
-        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+        bucket,
         f"+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.dir={tmp_path / 'weights'}",
     ]
     configs = {
-        "gloo": cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *_checkpoint_engine_overrides(1)),
+        "gloo": cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *gloo_overrides),
         "checkpoint": cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *file_overrides),
     }
     actor_wg = actor_group(configs["gloo"], ranks=2, worker_cls=ActorWithTwoEngines)
@@ -492,22 +582,23 @@ def test_fsdp2_actor_syncs_bit_identical_to_the_gloo_engine(ray_shipping_test_he
     for step in (1, 2, 3):
         sequences = [(torch.randint(10, 100, (8,), generator=generator).tolist(),) * 2 for _ in range(4)]
         update_actor(actor_wg, rollout_batch(sequences, pad_id=0, advantages=torch.randn(4, 8, generator=generator)))
-        received = {}
+        metrics, received = {}, {}
         for backend, manager in managers.items():
             actor_wg.use_engine(OmegaConf.to_container(configs[backend].actor_rollout_ref.rollout.checkpoint_engine))
-            metrics = manager.update_weights(global_steps=step)
+            metrics[backend] = manager.update_weights(global_steps=step)
             received[backend] = rollouts[backend].received()[0]
         actor_state = actor_wg.full_state()[0]
 
-        assert metrics["checkpoint_engine/files"] > 2  # the last manager: the checkpoint engine's
-        assert max(tensor.nbytes for tensor in actor_state.values()) > 1 << 20, "a tensor must exceed a shard"
+        assert metrics["gloo"]["checkpoint_engine/buckets"] > 2
+        assert metrics["checkpoint"]["checkpoint_engine/files"] > 2
+        assert max(tensor.nbytes for tensor in actor_state.values()) > 1 << 20, "a tensor must exceed a bucket"
         for backend, (version, weights) in received.items():
             assert version == step, backend
             assert list(weights) == list(actor_state), backend
         for name, tensor in actor_state.items():
             gloo, checkpoint = received["gloo"][1][name], received["checkpoint"][1][name]
             assert checkpoint.dtype == gloo.dtype == tensor.dtype == torch.float32, name
-            assert torch.equal(checkpoint, gloo) and torch.equal(checkpoint, tensor), name
+            assert torch.equal(gloo, tensor) and torch.equal(checkpoint, tensor), name
         if previous is not None:
             assert any(not torch.equal(previous[name], tensor) for name, tensor in actor_state.items())
         previous = actor_state

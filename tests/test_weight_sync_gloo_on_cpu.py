@@ -1,12 +1,12 @@
 """Tests of the ``gloo`` checkpoint engine (``recipe.one_step_off_async.weight_sync.gloo``).
 
-Fast tests run one engine per process and drive them the way verl's
-``CheckpointEngineManager`` does (prepare, build_topology, init_process_group, send | receive,
-finalize), without Ray. The ``slow`` test syncs verl's own FSDP2 actor (2 ranks) to a verl
-``CheckpointEngineWorker`` on a disjoint Ray resource pool through verl's ``CheckpointEngineManager``.
+The tests run one engine per process and drive them the way verl's ``CheckpointEngineManager``
+does (prepare, build_topology, init_process_group, send | receive, finalize), without Ray. What the
+engine shares with the ``checkpoint`` engine (its topology, rank checks and argument checks) is
+tested in ``test_weight_sync_common_on_cpu.py``; the sync of verl's own FSDP2 actor through verl's
+manager, for both engines at once, in ``test_weight_sync_files_on_cpu.py`` (``-m slow``).
 
-    pytest tests/test_gloo_checkpoint_engine_on_cpu.py -m "not slow"   # ~15 s
-    pytest tests/test_gloo_checkpoint_engine_on_cpu.py -m slow         # ~30 s
+    pytest tests/test_weight_sync_gloo_on_cpu.py   # ~15 s
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -223,15 +222,6 @@ def _assert_received_exactly(received: dict[str, Any], seed: int, version: int) 
 # --- fast tests -----------------------------------------------------------------------------------
 
 
-def test_build_topology_one_sender_drain_ranks_and_receivers():
-    address = StoreAddress(host="10.0.0.1", port=1234)
-    actor, rollout = GlooCheckpointEngine.build_topology(3, 2, [address, None, None, None, None])
-    assert actor == {"rank": [0, -1, -1], "world_size": [3] * 3, "store_address": [address] * 3}
-    assert rollout == {"rank": [1, 2], "world_size": [3] * 2, "store_address": [address] * 2}
-    with pytest.raises(ValueError, match="is_master=True"):
-        GlooCheckpointEngine.build_topology(2, 1, [None, None, None])
-
-
 def test_drain_rank_walks_the_whole_generator_without_a_group():
     engine = GlooCheckpointEngine(bucket_size=1 << 10)
     engine.init_process_group(rank=-1, world_size=3, store_address=StoreAddress(host="unused", port=0))
@@ -245,6 +235,15 @@ def test_drain_rank_walks_the_whole_generator_without_a_group():
     assert asyncio.run(engine.send_weights(weights(), global_steps=3)) == {}
     assert walked == list(_model_weights(0))
     engine.finalize()
+
+
+def _checkpoint_engine_overrides(bucket_megabytes: int) -> list[str]:
+    return [
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+        f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={ENGINE_MODULE}",
+        f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_megabytes}",
+        "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=60",
+    ]
 
 
 def test_verl_config_selects_and_configures_the_engine():
@@ -407,147 +406,3 @@ def test_lost_receiver_fails_the_sender_clearly_within_the_timeout(stop_signal):
     finally:
         for worker in (sender, *receivers):
             worker.close()
-
-
-# --- integration with verl's actor worker, checkpoint engine worker and manager (Ray) -------------
-
-
-def _checkpoint_engine_overrides(bucket_megabytes: int) -> list[str]:
-    return [
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
-        f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={ENGINE_MODULE}",
-        f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_megabytes}",
-        "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=60",
-    ]
-
-
-def _build_tiny_qwen2(path: Path) -> None:
-    """A 2-layer Qwen2 whose embedding and lm_head (2 MiB each in fp32) exceed a 1 MiB bucket."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    tokenizer.save_pretrained(path)
-    config = Qwen2Config(
-        vocab_size=8192,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(path)
-
-
-class _KeepingServerAdapter:
-    """The rollout server's end of a sync, reduced to keeping what arrived and its version."""
-
-    replica_rank = 0
-    is_leader_rank = True
-
-    def __init__(self) -> None:
-        self.weights: dict[str, torch.Tensor] = {}
-        self.version: int | None = None
-
-    async def update_weights(self, weights, global_steps: int | None = None, **kwargs: Any) -> None:
-        # A copy of each: the engine's tensors are valid only until the next one is asked for.
-        self.weights = {name: tensor.clone() async for name, tensor in weights}
-        self.version = weights.version
-
-
-class _ReplicaOfOneWorker:
-    """What verl's ``CheckpointEngineManager`` uses of a rollout replica: its workers and its pauses."""
-
-    def __init__(self, workers: list) -> None:
-        self.workers = workers
-
-    async def abort_all_requests(self, reject_request: bool = False) -> None:
-        pass
-
-    async def resume_generation(self) -> None:
-        pass
-
-    async def release_kv_cache(self) -> None:
-        pass
-
-    async def resume_kv_cache(self) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def ray_shipping_this_module(cpu_ray):
-    """The session's Ray (``cpu_ray``, tests/conftest.py), with this module's helper classes shipped
-    by value: Ray workers cannot import a test module."""
-    cpu_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield cpu_ray
-    cpu_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.mark.slow
-def test_verl_manager_syncs_fsdp2_actor_to_rollout_worker_exactly(ray_shipping_this_module, tmp_path):
-    ray = ray_shipping_this_module
-    from verl.checkpoint_engine.base import CheckpointEngineManager, CheckpointEngineWorker
-    from verl.single_controller.base.decorator import Dispatch, register
-    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.engine_workers import ActorRolloutRefWorker
-    from verl_actor import actor_group, cpu_config, rollout_batch, update_actor
-
-    class ActorWithFullState(ActorRolloutRefWorker):
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def full_state(self) -> dict[str, torch.Tensor] | None:
-            # Every rank walks the generator (each full tensor is an FSDP all-gather); rank 0 keeps it.
-            params, _ = self.actor.engine.get_per_tensor_param()
-            state = {name: tensor.clone() for name, tensor in params}
-            return state if self.rank == 0 else None
-
-    class RolloutWorkerKeepingWeights(CheckpointEngineWorker):
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def received(self) -> tuple[int | None, dict[str, torch.Tensor]]:
-            return self.server_adapter.version, self.server_adapter.weights
-
-    model_path = tmp_path / "tiny_qwen2"
-    _build_tiny_qwen2(model_path)
-    config = cpu_config(str(model_path), "trainer.n_gpus_per_node=2", *_checkpoint_engine_overrides(bucket_megabytes=1))
-    actor_wg = actor_group(config, ranks=2, worker_cls=ActorWithFullState)
-    rollout_wg = RayWorkerGroup(
-        resource_pool=RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="rollout"),
-        ray_cls_with_init=RayClassWithInitArgs(
-            ray.remote(RolloutWorkerKeepingWeights),
-            rollout_config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout),
-            model_config=omega_conf_to_dataclass(config.actor_rollout_ref.model),
-            server_adapter=_KeepingServerAdapter(),
-        ),
-        device_name="cpu",
-    )
-    manager = CheckpointEngineManager(
-        config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine),
-        actor_wg=actor_wg,
-        replicas=[_ReplicaOfOneWorker(rollout_wg.workers)],
-    )
-
-    previous = None
-    generator = torch.Generator().manual_seed(0)
-    for step in (1, 2):
-        sequences = [(torch.randint(10, 100, (8,), generator=generator).tolist(),) * 2 for _ in range(4)]
-        update_actor(actor_wg, rollout_batch(sequences, pad_id=0, advantages=torch.randn(4, 8, generator=generator)))
-        metrics = manager.update_weights(global_steps=step)
-        actor_state = actor_wg.full_state()[0]
-        version, received = rollout_wg.received()[0]
-
-        assert version == step
-        assert metrics["checkpoint_engine/buckets"] > 2
-        assert max(tensor.nbytes for tensor in actor_state.values()) > 1 << 20, "bucket must split a tensor"
-        assert list(received) == list(actor_state)
-        for name, tensor in actor_state.items():
-            assert received[name].dtype == tensor.dtype == torch.float32, name
-            assert torch.equal(received[name], tensor), name
-        if previous is not None:
-            assert any(not torch.equal(previous[name], tensor) for name, tensor in actor_state.items())
-        previous = actor_state

@@ -5,7 +5,7 @@ groups (no Ray: verl's module-level ``ray.get`` and ``RayWorkerGroup`` are repla
 the test). Every fake step advances a fake clock by its own power of two, so each reported
 phase must equal exactly the steps it covers, and the total the sum of all of them.
 
-    pytest tests/test_sync_timing_on_cpu.py -q
+    pytest tests/test_weight_sync_timing_on_cpu.py -q
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 ``validate_config`` reads an OmegaConf config and either returns or raises ``ConfigError`` with a
 message that names the offending key and how to fix it; it changes nothing and imports no backend
 (the losses check their own keys: ``losses.validate_policy_loss``). ``check_data_files`` reads only
-the parquet footers of the local data files. ``upgrade_module_paths`` accepts the module paths of the
-flat layout before the sub-packages. ``launch.prepare_config`` calls them before Ray or any worker
+the parquet footers of the local data files. ``launch.prepare_config`` calls them before Ray or any worker
 starts, so a bad config costs seconds, not a cluster allocation; the tests call the same functions.
 """
 
@@ -355,53 +354,3 @@ def check_data_files(config: DictConfig) -> None:
             except Exception as error:
                 raise ConfigError(f"data.{key}: {file} is not a readable parquet file ({error}).") from error
         _require(rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset.")
-
-
-# Module paths of the flat layout before the sub-packages (see "Upgrading" in the docs). A config that
-# names one still runs, with a FutureWarning naming the setting to use instead.
-_RENAMED_CLASSES = {
-    "actor_rollout_ref.rollout.checkpoint_manager_class": {
-        "recipe.one_step_off_async.sync_timing.TimedCheckpointEngineManager": (
-            "recipe.one_step_off_async.weight_sync.timing.TimedCheckpointEngineManager"
-        ),
-    },
-    "actor_rollout_ref.actor.policy_loss._target_": {
-        "recipe.one_step_off_async.policy_losses.OffPolicyLossConfig": "recipe.one_step_off_async.losses.OffPolicyLossConfig",
-    },
-}
-# Engines the recipe now registers by name in every process: their module key is no longer needed.
-_REGISTERED_ENGINE_MODULES = {
-    "recipe.one_step_off_async.cpu.gloo_checkpoint_engine": "gloo",
-    "recipe.one_step_off_async.file_checkpoint_engine": "checkpoint",
-}
-# Modules that used to be listed in VERL_USE_EXTERNAL_MODULES; the recipe's verl plugin loads what they did.
-_OLD_EXTERNAL_MODULES = (
-    "recipe.one_step_off_async.cpu",
-    "recipe.one_step_off_async.policy_losses",
-    "recipe.one_step_off_async.one_gpu",
-)
-
-
-def upgrade_module_paths(config: DictConfig) -> list[str]:
-    """Rewrite the old layout's module paths in ``config`` to the new ones; return one notice per rewrite."""
-    notices = []
-    for key, renamed in _RENAMED_CLASSES.items():
-        value = OmegaConf.select(config, key)
-        if value in renamed:
-            OmegaConf.update(config, key, renamed[value], force_add=True)
-            notices.append(f"{key}={value} has moved: set {key}={renamed[value]}.")
-    key = "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"
-    value = OmegaConf.select(config, key)
-    if value in _REGISTERED_ENGINE_MODULES:
-        OmegaConf.update(config, key, None)
-        notices.append(
-            f"{key}={value} is no longer needed: the recipe registers the "
-            f"{_REGISTERED_ENGINE_MODULES[value]!r} engine by name. Remove the override."
-        )
-    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
-    listed = OmegaConf.select(config, key) or ""
-    kept = [module for module in listed.split(",") if module and module not in _OLD_EXTERNAL_MODULES]
-    if listed and kept != listed.split(","):
-        OmegaConf.update(config, key, ",".join(kept))
-        notices.append(f"{key} lists modules of the old layout; the recipe loads them itself. Remove them.")
-    return notices

@@ -18,17 +18,18 @@ every Ray worker needs (``launch.prepare_config`` puts it in Ray's runtime env).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from omegaconf import DictConfig, OmegaConf
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from recipe.one_step_off_async import losses  # noqa: F401  (registers the losses)
-from recipe.one_step_off_async.platforms import cpu, one_gpu
+from recipe.one_step_off_async.platforms import cpu, one_gpu, verl_patches
+from recipe.one_step_off_async.rollout import hf
 from recipe.one_step_off_async.weight_sync import files, gloo  # noqa: F401  (register the engines)
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
-HF_ROLLOUT = "hf"
 
 
 def _hf_replica() -> type:
@@ -39,9 +40,20 @@ def _hf_replica() -> type:
 
 def apply() -> None:
     """Register the ``hf`` replica and patch verl for the selected platform, in this process (idempotent)."""
-    RolloutReplicaRegistry.register(HF_ROLLOUT, _hf_replica)
-    cpu.apply()
+    RolloutReplicaRegistry.register(hf.ROLLOUT_NAME, _hf_replica)
+    # From the environment only: `platforms.cpu` may be half imported here (it imports verl, which imports us).
+    verl_patches.apply_when_cpu_is_selected()
     one_gpu.apply()
+
+
+def _exists(module: str) -> bool:
+    """False for a module of the recipe's old flat layout still listed by a user (see "Upgrading")."""
+    if not module.startswith("recipe.one_step_off_async."):
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package of the old layout (recipe.one_step_off_async.cpu)
+        return False
 
 
 def worker_env(config: DictConfig) -> dict[str, str]:
@@ -49,7 +61,7 @@ def worker_env(config: DictConfig) -> dict[str, str]:
     registered before verl resolves it), the modules a user listed kept after it, and the platform's variables."""
     listed = OmegaConf.select(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}") or ""
     modules = [__name__, *os.environ.get(EXTERNAL_MODULES_ENV, "").split(","), *listed.split(",")]
-    env = {EXTERNAL_MODULES_ENV: ",".join(dict.fromkeys(m for m in modules if m))}
+    env = {EXTERNAL_MODULES_ENV: ",".join(dict.fromkeys(m for m in modules if m and _exists(m)))}
     if config.trainer.device == cpu.PLATFORM_NAME:
         env.update(cpu.env_vars())
     if config.async_training.one_gpu:

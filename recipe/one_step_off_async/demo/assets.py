@@ -100,7 +100,7 @@ class DemoAssetsCallback(Callback):
     paths resolve; the recipe's commands themselves never import the demo.
     """
 
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:  # run and multirun alike
         register_resolver()
 
 

@@ -1,4 +1,3 @@
-"""Where verl runs: the CPU platform plugin (``cpu``), the two tiny patches of verl it needs
-(``verl_patches``), and both pools on one GPU (``one_gpu``). Each module says what it changes and
-``apply()``s it only when selected; the recipe's verl plugin (``verl_plugin.py``) applies them in every
-process that imports verl."""
+"""Where verl runs: the CPU platform plugin (``cpu``), the tiny patches of verl the recipe needs
+(``verl_patches``), and both pools on one GPU (``one_gpu``). Each says what it changes; the recipe's verl
+plugin (``verl_plugin.py``) applies the selected ones in every process that imports verl."""

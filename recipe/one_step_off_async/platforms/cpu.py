@@ -3,8 +3,10 @@
 verl 0.9.1 routes every device query through ``verl.plugin.platform.get_platform()``; the
 built-in platforms are CUDA, NPU and ROCm. Registering ``PlatformCPU`` under the name ``cpu``
 and selecting it with ``VERL_PLATFORM=cpu`` lets verl's own workers (FSDP2 engine, Ray worker
-groups, checkpoint engines) run unchanged on CPU. ``recipe.one_step_off_async.cpu.activate``
-sets that variable for the driver and every Ray worker; users never set it by hand.
+groups, checkpoint engines) run unchanged on CPU. ``env_vars()`` is what every process of a CPU run
+needs (``verl_plugin.worker_env`` puts it in the driver's environment and Ray's runtime env when
+``trainer.device=cpu``); users never set it by hand. Importing this module registers the platform;
+the recipe's plugin applies the patches of ``verl_patches`` once it is selected.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from recipe.one_step_off_async.platforms import verl_patches
+from recipe.one_step_off_async.platforms.verl_patches import CPU_PLATFORM, PLATFORM_ENV
 
-PLATFORM_NAME = "cpu"
+PLATFORM_NAME = CPU_PLATFORM
 
 
 class CPUDeviceModule:
@@ -186,14 +188,10 @@ class PlatformCPU(PlatformBase):
         return None
 
 
-def is_selected() -> bool:
-    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
-
-
 def env_vars() -> dict[str, str]:
     """Environment every process of a CPU run needs (the driver's and each Ray worker's)."""
     return {
-        "VERL_PLATFORM": PLATFORM_NAME,
+        PLATFORM_ENV: PLATFORM_NAME,
         # verl registers its FSDP engines for devices cuda/npu only; this verl-provided override
         # (verl/workers/engine/base.py, EngineRegistry.get_engine_cls) selects them on CPU.
         "VERL_ENGINE_DEVICE": "cuda",
@@ -203,21 +201,3 @@ def env_vars() -> dict[str, str]:
         # One intra-op thread per process: a CPU run already has one process per "GPU" slot.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
-
-
-def apply() -> None:
-    """In this process: patch verl for the CPU platform when it is selected (idempotent).
-
-    Runs before verl first resolves its platform (``get_platform()`` caches it): at ``import verl``
-    through the recipe's plugin, or from ``activate()``.
-    """
-    if is_selected():
-        verl_patches.apply_all()
-
-
-def activate() -> dict[str, str]:
-    """Select the CPU platform in this process; return the env vars for Ray's runtime env."""
-    env = env_vars()
-    os.environ.update(env)
-    apply()
-    return env

@@ -41,14 +41,6 @@ def env_vars() -> dict[str, str]:
     }
 
 
-def activate() -> dict[str, str]:
-    """Switch this process to the one-GPU layout; return the env vars for Ray's runtime env."""
-    env = env_vars()
-    os.environ.update(env)
-    apply()
-    return env
-
-
 def _every_gpu_is_device_zero(get_accelerator_ids):
     def get_accelerator_ids_on_one_gpu(self):
         ids = dict(get_accelerator_ids(self))

@@ -17,11 +17,14 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 from omegaconf import DictConfig, open_dict
 
 VERL_VERSION = "0.9.1"
+PLATFORM_ENV = "VERL_PLATFORM"  # verl's own variable: the platform every process resolves
+CPU_PLATFORM = "cpu"
 
 
 def patch_distributed_backend_default() -> None:
@@ -58,6 +61,16 @@ def patch_resource_pool_check() -> None:
 def apply_all() -> None:
     patch_distributed_backend_default()
     patch_resource_pool_check()
+
+
+def apply_when_cpu_is_selected() -> None:
+    """The CPU patches, in this process, when ``VERL_PLATFORM=cpu`` (idempotent); nothing otherwise.
+
+    Reads only the environment: it runs while ``import verl`` imports the recipe's plugin, when the
+    platform module itself may be half imported (``platforms/cpu.py`` imports verl).
+    """
+    if os.environ.get(PLATFORM_ENV, "").strip().lower() == CPU_PLATFORM:
+        apply_all()
 
 
 @contextlib.contextmanager

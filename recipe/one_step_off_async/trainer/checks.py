@@ -46,7 +46,7 @@ def measured_weight_version(step: int, output: DataProto, expected: int, rollout
     ``contract`` describes the settings that gave ``expected`` (for the error message).
     """
     first, last = (output.non_tensor_batch.get(key) for key in ("min_global_steps", "max_global_steps"))
-    if first is None or any(v is None for v in first) or any(v is None for v in last):
+    if first is None or last is None or any(v is None for v in (*first, *last)):
         raise WeightVersionError(
             f"The {rollout_name!r} rollout did not report the weight version of its outputs "
             "(TokenOutput.extra_fields['global_steps']); the pipeline cannot verify its weight syncs."

@@ -1,5 +1,4 @@
-"""Deadlines on the driver's calls into verl's rollout and weight-sync managers, and the stand-in
-rollout manager that hands verl's generation step a generation that already ran.
+"""Deadlines on the driver's calls into verl's rollout and weight-sync managers.
 
 verl's ``fit()`` makes two calls that wait forever on a hung rollout replica: the first weight sync
 (``checkpoint_manager.update_weights`` before the training loop) and validation (``_validate``
@@ -58,10 +57,6 @@ class BoundedCheckpointManager(_Passthrough):
         super().__init__(manager, timeout_s)
         self.backend = backend
 
-    def sleep_replicas(self) -> None:
-        """Nothing to free: the rollout pool is disjoint from the actor's, so its replicas stay resident
-        (verl's generation step sleeps them to lend colocated GPUs to training)."""
-
     def update_weights(self, global_steps: int) -> dict:
         return call_with_deadline(
             lambda: self.manager.update_weights(global_steps),
@@ -89,16 +84,3 @@ class BoundedRolloutManager(_Passthrough):
                 "or overloaded; check their logs, or raise the timeout for very long generations."
             ),
         )
-
-
-class Replayed:
-    """Stands in for the rollout manager inside verl's ``_fit_generate``: returns the pipeline's finished
-    generation of the step's batch instead of generating it again."""
-
-    def __init__(self, output: Any) -> None:
-        self.output = output
-
-    def generate_sequences(self, prompts: Any) -> Any:
-        if len(prompts) != len(self.output):
-            raise ValueError(f"verl asked for {len(prompts)} samples; the pipeline generated {len(self.output)}")
-        return self.output

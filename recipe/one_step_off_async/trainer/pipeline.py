@@ -30,7 +30,7 @@ from verl import DataProto
 
 from recipe.one_step_off_async.errors import PipelineTimeoutError
 
-__all__ = ["Generated", "InFlightBatch", "PipelineTimeoutError", "RolloutPipeline", "expected_weight_version"]
+__all__ = ["Generated", "InFlightBatch", "RolloutPipeline", "expected_weight_version"]
 
 
 def expected_weight_version(step: int, staleness: int, base: int, syncs_at: Callable[[int], bool]) -> int:
@@ -108,8 +108,7 @@ class RolloutPipeline:
         self._start_epoch = self._stream_epoch = 0
         self._next_step = self.first_step = 1
         self._last_step = 0
-        self.launched_steps: list[int] = []
-        self._finished: deque[Generated] = deque(maxlen=staleness + 2)
+        self._finished: deque[tuple[float, float]] = deque(maxlen=staleness + 2)  # (started_at, finished_at)
         self._data_exhausted = False
 
     def __len__(self) -> int:
@@ -150,13 +149,12 @@ class RolloutPipeline:
             batch, gen_batch = self._prepare(batch_dict, step)
             future = self._executor.submit(self._timed_generate, gen_batch)
             self._in_flight.append(InFlightBatch(step, epoch, batch, resume_state, future))
-            self.launched_steps.append(step)
             self._next_step += 1
 
     def _timed_generate(self, gen_batch: DataProto) -> Generated:
         started = time.time()
         generated = Generated(output=self._generate(gen_batch), started_at=started, finished_at=time.time())
-        self._finished.append(generated)
+        self._finished.append((generated.started_at, generated.finished_at))
         return generated
 
     def _data_stream(self) -> Iterator[tuple[int, dict, dict]]:
@@ -186,7 +184,7 @@ class RolloutPipeline:
 
     def busy_seconds(self, start: float, end: float) -> float:
         """Seconds of finished generation that fell inside the wall-clock window [start, end]."""
-        return sum(max(0.0, min(end, g.finished_at) - max(start, g.started_at)) for g in list(self._finished))
+        return sum(max(0.0, min(end, finished) - max(start, started)) for started, finished in list(self._finished))
 
     def state_dict(self) -> dict[str, Any]:
         """Resume point: before the oldest batch not yet trained was drawn."""

@@ -40,8 +40,9 @@ from recipe.one_step_off_async.async_config import validate_config
 from recipe.one_step_off_async.errors import CheckpointError
 from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
 from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards, measured_weight_version
-from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager, Replayed
+from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager
 from recipe.one_step_off_async.trainer.pipeline import InFlightBatch, RolloutPipeline, expected_weight_version
+from recipe.one_step_off_async.trainer.replay import replaying
 from recipe.one_step_off_async.trainer.resume import resume_folder
 from recipe.one_step_off_async.trainer.rollout_pool import FixedRolloutPool
 
@@ -162,9 +163,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step):
             generated = in_flight.result(timeout_s=self.async_config.generation_timeout_s)
         ready_at = time.time()
-        # verl's generation step on the output that is already here: it joins it to the prompts and adds the
-        # response mask, batch balancing, token counts and multi-modal lengths as in synchronous training.
-        with self._rollout_replaying(generated.output):
+        # verl's generation step on the output that is already here (trainer/replay.py).
+        with replaying(self, generated.output):
             batch = super()._fit_generate(in_flight.prompts)
         self.timing_raw["gen"] = generated.seconds
 
@@ -189,14 +189,6 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             }
         )
         return batch
-
-    @contextlib.contextmanager
-    def _rollout_replaying(self, output: DataProto) -> Iterator[None]:
-        manager, self.async_rollout_manager = self.async_rollout_manager, Replayed(output)
-        try:
-            yield
-        finally:
-            self.async_rollout_manager = manager
 
     def _validates_at(self, step: int) -> bool:
         """verl's ``_fit_validate`` condition: validation runs after the sync of this step."""

@@ -6,18 +6,19 @@ counterpart with the same topology and lifecycle, so the one-step-off trainer ru
 both paths and only the configured backend differs:
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=gloo
-    actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.one_step_off_async.weight_sync.gloo
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300  # optional; the default
 
-(``+`` because verl's default ``engine_kwargs`` is empty; drop it where a YAML already sets the key.)
+(``+`` because verl's default ``engine_kwargs`` is empty; drop it where a YAML already sets the key.) The
+recipe's verl plugin registers the engine in every process, so the backend name is all a config needs.
 
 How a sync runs (verl's ``CheckpointEngineManager`` calls prepare, build_topology,
 init_process_group, send_weights | receive_weights, finalize on every sync):
 
-- Topology: actor rank 0 is rank 0 of a fresh gloo group and the only sender; rollout workers are
-  ranks 1..N. The other actor ranks stay out of the group (rank -1) but still walk the weight
-  generator, because producing each full tensor is an FSDP all-gather that rank 0 is also running.
+- Topology (``SingleSourceEngine``, ``weight_sync.common``, shared with the ``checkpoint`` engine):
+  actor rank 0 is rank 0 of a gloo group and the only sender; rollout workers are ranks 1..N. The
+  other actor ranks stay out of the group (rank -1) but still walk the weight generator, because
+  producing each full tensor is an FSDP all-gather that rank 0 is also running.
 - The group is a standalone ``ProcessGroupGloo`` over a ``TCPStore`` that actor rank 0 hosts on a
   port the OS picks in its first ``prepare()``. It never touches the default process group (FSDP's).
 - The group is kept across syncs (engine kwarg ``keep_group``, default true): verl calls prepare,
@@ -41,7 +42,7 @@ init_process_group, send_weights | receive_weights, finalize on every sync):
 - Each bucket is preceded, in-band on the same group, by a small pickled ``BucketHeader``: its
   index, byte count, tensor layout and the weight version (``global_steps``) of the sync. A
   receiver that was told which version to expect fails on any other; ``ReceivedWeights.version``
-  tells the rollout's server adapter which version it loaded.
+  (``weight_sync.common``) tells the rollout's server adapter which version it loaded.
 - Every collective is bounded by ``timeout_s`` (engine kwarg): a receiver that dies or stalls makes
   the sender raise ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
 - Where the time goes: ``send_weights`` returns, besides payload and ``send_s``, the sender's split
@@ -49,7 +50,7 @@ init_process_group, send_weights | receive_weights, finalize on every sync):
   waiting for broadcasts; ``pack_s``: the rest, mostly copying into buckets) and this sync's
   ``group_s`` / ``group_reused``. A rollout worker keeps its own split of the last sync
   (``recv_wire_wait_s``, ``recv_load_s``: the consumer loading tensors into the model) for
-  ``receive_metrics()``, which ``recipe.one_step_off_async.weight_sync.timing`` collects.
+  ``receive_metrics()`` (``weight_sync.common``), which ``weight_sync.timing`` collects.
 
 The receiver yields ``(name, tensor)`` in the dtype and shape the actor sent, under the contract of
 verl's ``nccl`` engine (``NCCLCheckpointEngine.receive_weights``): **a yielded tensor is valid only
@@ -57,7 +58,7 @@ until the consumer asks for the next item.** A tensor that fits in a bucket is a
 buffer that a later bucket overwrites; only a tensor larger than a bucket, reassembled from its
 chunks, is yielded as memory of its own. So a consumer copies each tensor where it belongs before
 it pulls the next one, as verl's vLLM server adapter and ``HFServerAdapter.update_weights``
-(``cpu/hf_server.py``) do, and ``.clone()``s whatever it keeps. This spares the receiver a copy and
+(``rollout/hf/server.py``) do, and ``.clone()``s whatever it keeps. This spares the receiver a copy and
 fresh pages for every tensor; ``scripts/bench_gloo_engine.py`` compares a sync, loaded into a model
 as a server adapter does, with a raw gloo broadcast of the same bytes.
 """
@@ -68,25 +69,30 @@ import asyncio
 import logging
 import pickle
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 import ray
 import torch
 import torch.distributed as dist
-from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry, TensorMeta, split_weight_chunks
+from verl.checkpoint_engine.base import CheckpointEngineRegistry, TensorMeta, split_weight_chunks
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from recipe.one_step_off_async.errors import WeightSyncError
+from recipe.one_step_off_async.weight_sync.common import (
+    DRAIN_RANK,
+    SOURCE_RANK,
+    NamedTensors,
+    ReceivedWeights,
+    SingleSourceEngine,
+    drain,
+)
 
-__all__ = ["BucketHeader", "GlooCheckpointEngine", "ReceivedWeights", "StoreAddress"]
+__all__ = ["BucketHeader", "GlooCheckpointEngine", "StoreAddress"]
 
 logger = logging.getLogger(__name__)
 
-NamedTensors = Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]]
-
-SENDER_RANK = 0
 ALIGNMENT = 64
 """Bytes: every tensor (chunk) starts at a multiple of this in a bucket, so that the receiver can view
 it in any dtype (``Tensor.view(dtype)`` needs an offset divisible by the item size)."""
@@ -129,29 +135,8 @@ class _GroupKey:
         return (self.rank, self.world_size) == (other.rank, other.world_size)
 
 
-class ReceivedWeights:
-    """The weights of one sync as an async iterator of ``(name, tensor)``.
-
-    Each tensor is valid only until the next ``__anext__`` (it may be a view into a reused receive
-    buffer): copy it into place, or ``.clone()`` it, before asking for the next one.
-
-    ``version`` is the weight version the actor stamped on the sync; it is set as soon as the
-    first bucket header arrives, so a server adapter can record it while or after loading.
-    """
-
-    def __init__(self, receive: Callable[[ReceivedWeights], AsyncIterator[tuple[str, torch.Tensor]]]) -> None:
-        self.version: int | None = None
-        self._tensors = receive(self)
-
-    def __aiter__(self) -> ReceivedWeights:
-        return self
-
-    async def __anext__(self) -> tuple[str, torch.Tensor]:
-        return await self._tensors.__anext__()
-
-
 @CheckpointEngineRegistry.register("gloo")
-class GlooCheckpointEngine(CheckpointEngine):
+class GlooCheckpointEngine(SingleSourceEngine):
     """Broadcast actor weights to rollout workers over a gloo group on CPU.
 
     Args:
@@ -163,35 +148,24 @@ class GlooCheckpointEngine(CheckpointEngine):
             still holds it; False builds a fresh one in every sync and drops it in ``finalize()``.
     """
 
+    backend = "gloo"
+    meeting_point = "store_address"
+    meeting_type = StoreAddress
+
     def __init__(
         self, bucket_size: int, is_master: bool = False, timeout_s: float = 300.0, keep_group: bool = True
     ) -> None:
-        if bucket_size <= 0:
-            raise ValueError(
-                f"bucket_size must be positive, got {bucket_size} bytes: set "
-                "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes >= 1"
-            )
-        if timeout_s <= 0:
-            raise ValueError(
-                f"timeout_s must be positive, got {timeout_s}: set "
-                "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s"
-            )
-        self.bucket_size = bucket_size
-        self.is_master = is_master
-        self.timeout_s = timeout_s
+        super().__init__(bucket_size, is_master=is_master, timeout_s=timeout_s)
         self.keep_group = keep_group
         self._timeout = timedelta(seconds=timeout_s)
         self._syncs = 0
         self._prepared = 0
-        self._rank: int | None = None
-        self._world_size = 0
         self._store: dist.TCPStore | None = None
         self._store_address: tuple[str, int] | None = None
         self._group: dist.ProcessGroupGloo | None = None
         self._group_key: _GroupKey | None = None
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self._join: dict[str, float] = {}
-        self._received: dict[str, float] = {}
         self._wire_wait_s = 0.0  # of the receive in progress
         self._last_sync = 0  # the latest StoreAddress.sync joined
         self._posted: str | None = None  # this rank's key on the store from the latest sync
@@ -212,38 +186,14 @@ class GlooCheckpointEngine(CheckpointEngine):
         host, port = self._store_address
         return StoreAddress(host=host, port=port, sync=self._prepared)
 
-    @classmethod
-    def build_topology(
-        cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[StoreAddress | None]
-    ) -> tuple[dict[str, list], dict[str, list]]:
-        """Actor rank 0 sends as rank 0, the other actor ranks only drain (-1), rollout workers are 1..N."""
-        address = metadata[0]
-        if not isinstance(address, StoreAddress):
-            raise ValueError(
-                f"actor rank 0 returned {address!r} from prepare() instead of its store address: the gloo "
-                "engine on actor rank 0 must be built with is_master=True"
-            )
-        world_size = 1 + rollout_world_size
-        actor_kwargs = {
-            "rank": [SENDER_RANK] + [-1] * (actor_wg_world_size - 1),
-            "world_size": [world_size] * actor_wg_world_size,
-            "store_address": [address] * actor_wg_world_size,
-        }
-        rollout_kwargs = {
-            "rank": list(range(1, world_size)),
-            "world_size": [world_size] * rollout_world_size,
-            "store_address": [address] * rollout_world_size,
-        }
-        return actor_kwargs, rollout_kwargs
-
     def init_process_group(self, rank: int, world_size: int, store_address: StoreAddress) -> None:
         """Join this sync's gloo group: the one every rank still holds, or a new one (blocks until all
         ``world_size`` ranks joined, or timeout)."""
         self._syncs += 1
         self._rank, self._world_size = rank, world_size
-        if rank < 0:
+        if rank == DRAIN_RANK:
             return
-        if rank == SENDER_RANK and self._store is None:
+        if rank == SOURCE_RANK and self._store is None:
             raise RuntimeError("init_process_group(rank=0) before prepare(): the sender hosts the store")
         start = time.perf_counter()
         allocate_s = 0.0
@@ -251,7 +201,7 @@ class GlooCheckpointEngine(CheckpointEngine):
             address = (store_address.host, store_address.port)
             # A sync number that did not grow: a new actor rank 0 (its count restarted) on the same port.
             new_store = self._store_address != address or store_address.sync <= self._last_sync
-            if rank != SENDER_RANK and new_store:
+            if rank != SOURCE_RANK and new_store:
                 self._close_group()
                 self._store = dist.TCPStore(*address, is_master=False, timeout=self._timeout)
                 self._store_address = address
@@ -315,23 +265,15 @@ class GlooCheckpointEngine(CheckpointEngine):
         self._close_group()
         self._rank = None
 
-    def receive_metrics(self) -> dict[str, float]:
-        """A rollout worker's split of its last sync (``{}`` before one completed, and on actor ranks)."""
-        return dict(self._received)
-
     @torch.no_grad()
     async def send_weights(self, weights: NamedTensors, global_steps: int | None = None) -> dict[str, float]:
         """Broadcast ``weights`` to the rollout workers (actor rank 0); drain them (other actor ranks).
 
         Returns the sync's metrics on the sender, ``{}`` on the other actor ranks.
         """
-        rank = self._joined_rank("send_weights")
-        if rank < 0:
-            async for _ in ensure_async_iterator(weights):
-                pass
+        if self._sending_rank() != SOURCE_RANK:
+            await drain(weights)
             return {}
-        if rank != SENDER_RANK:
-            raise RuntimeError(f"send_weights on rank {rank}: rollout workers receive weights, actor rank 0 sends")
 
         pipeline = _SendPipeline(
             self._buffers,
@@ -401,19 +343,12 @@ class GlooCheckpointEngine(CheckpointEngine):
             global_steps: The weight version the trainer announced for this sync. When given, a sync
                 stamped with any other version fails with ``WeightSyncError``.
         """
-        rank = self._joined_rank("receive_weights")
-        if rank <= SENDER_RANK:
-            raise RuntimeError(f"receive_weights on actor rank {rank}: only rollout workers (ranks >= 1) receive")
+        self._receiving_rank()  # raises on actor ranks
         return ReceivedWeights(lambda stream: self._receive_tensors(global_steps, stream))
-
-    def _joined_rank(self, method: str) -> int:
-        if self._rank is None:
-            raise RuntimeError(f"{method} before init_process_group: the sync has no gloo group")
-        return self._rank
 
     def _broadcast(self, tensor: torch.Tensor) -> dist.Work:
         options = dist.BroadcastOptions()
-        options.rootRank = SENDER_RANK
+        options.rootRank = SOURCE_RANK
         return self._group.broadcast([tensor], options)
 
     async def _receive_tensors(

@@ -18,13 +18,13 @@ the phase methods its ``update_weights`` calls wrapped in timers. It adds to the
 
 The engine's own metrics (``checkpoint_engine/*``) come from the sender's ``send_weights``, which
 verl merges into the same dict. verl drops what the rollout workers return, so when the engine
-class has a ``receive_metrics()`` method (the recipe's gloo engine does) this manager asks each
-rollout worker for it after the sync and adds the slowest worker's numbers; that extra round trip
-is timed as ``timing_s/sync/receiver_metrics`` and is not part of ``total``.
+class has a ``receive_metrics()`` method (both recipe engines have it, from ``weight_sync.common``)
+this manager asks each rollout worker for it after the sync and adds the slowest worker's numbers;
+that extra round trip is timed as ``timing_s/sync/receiver_metrics`` and is not part of ``total``.
 
 Why: a sync of a tiny model costs a fixed ~0.4 s on GPUs and ~0.05 s on CPU; this says which
 phase it goes to, without copying verl's ``update_weights`` (the phases are methods it calls on
-``self``; ``test_sync_timing_on_cpu.py`` fails when verl's call list changes).
+``self``; ``tests/test_weight_sync_timing_on_cpu.py`` fails when verl's call list changes).
 
 How: the recipe's base config selects it
 (``actor_rollout_ref.rollout.checkpoint_manager_class=recipe.one_step_off_async.weight_sync.timing.TimedCheckpointEngineManager``);

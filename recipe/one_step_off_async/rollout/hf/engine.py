@@ -11,7 +11,7 @@ forward (greedy, ``T = 0``, reports ``T = 1``): what verl's actor computes for `
 not folded into the reported log-prob, which the actor could not reproduce.
 
 Why: verl 0.9.1 rolls out only through server replicas; on machines without accelerators the
-``hf`` replica (``hf_replica.py``) serves through this engine. One request at a time would make CPU
+``hf`` replica (``replica.py``) serves through this engine. One request at a time would make CPU
 rollouts crawl; one ``model.generate()`` per batch would make every request wait for the slowest.
 
 How: create it in an asyncio program, ``start()`` it, ``await engine.submit(...)`` from any number of

@@ -1,6 +1,6 @@
 """The ``hf`` rollout backend for verl 0.9.1: ``actor_rollout_ref.rollout.name=hf``.
 
-What: ``HFReplica``, a verl ``RolloutReplica`` whose server is ``HFRolloutServer`` (``hf_server.py``):
+What: ``HFReplica``, a verl ``RolloutReplica`` whose server is ``HFRolloutServer`` (``server.py``):
 a HF-transformers model with continuous batching on CPU, speaking verl's token-in-token-out
 protocol. verl's unmodified ``LLMServerManager``, ``AgentLoopManager`` (single-turn agent loop) and
 ``CheckpointEngineManager`` drive it as they drive vLLM.
@@ -27,9 +27,8 @@ from verl.single_controller.ray import RayClassWithInitArgs
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
+from recipe.one_step_off_async.rollout.hf import ROLLOUT_NAME
 from recipe.one_step_off_async.rollout.hf.server import HFRolloutServer
-
-ROLLOUT_NAME = "hf"
 
 
 def check_rollout_config(config: RolloutConfig) -> None:

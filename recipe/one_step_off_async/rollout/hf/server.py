@@ -1,7 +1,7 @@
 """The ``hf`` rollout server: one Ray actor per replica, serving verl's token-in-token-out protocol.
 
 What: ``HFRolloutServer`` holds a HF-transformers causal LM and a continuous-batching
-``GenerationEngine`` (``hf_engine.py``), and answers what verl calls on a rollout server:
+``GenerationEngine`` (``engine.py``), and answers what verl calls on a rollout server:
 ``generate`` (``LLMServerClient``), ``abort_all_requests`` / ``resume_generation`` and the memory
 controls (``RolloutReplica``, ``CheckpointEngineManager``). It also *is* the replica's
 ``CheckpointEngineWorker``: the checkpoint engine (e.g. ``gloo``) receives the actor's weights in
