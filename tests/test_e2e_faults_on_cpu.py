@@ -76,6 +76,9 @@ CHAIN = (
     f"trainer.save_freq={CHAIN_SAVE_FREQ}",
     f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}",
     "trainer.resume_mode=auto",
+    # Slow steps (the update is the bulk of each): on an idle machine the trainer would otherwise finish the
+    # run during the seconds Ctrl-C takes to tear Ray down, leaving launch 2 no update to kill.
+    "actor_rollout_ref.actor.ppo_epochs=8",
     *loss_overrides(RESUME_LOSS),
 )
 
@@ -181,8 +184,8 @@ def resume_chain(tmp_path_factory, demo_assets) -> ResumeChain:
         interrupted = end_by(run, run.interrupt, timeout_s=FAIL_WITHIN_S)
     resumed_from = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
 
-    # ppo_epochs makes the update the bulk of the step: the kill lands inside it.
-    with watched(root / "crashed", *chain, "actor_rollout_ref.actor.ppo_epochs=8") as run:
+    # CHAIN's ppo_epochs makes the update the bulk of the step: the kill lands inside it.
+    with watched(root / "crashed", *chain) as run:
         run.wait_for_task(ACTOR_WORKER, "update_actor")
         crashed = end_by(run, lambda: run.signal_worker(ACTOR_WORKER, signal.SIGKILL))
 
