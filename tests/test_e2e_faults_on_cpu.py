@@ -74,7 +74,6 @@ CHAIN = (
     "async_training.staleness=1",
     f"async_training.sync_interval={CHAIN_SYNC_INTERVAL}",
     f"trainer.save_freq={CHAIN_SAVE_FREQ}",
-    f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}",
     "trainer.resume_mode=auto",
     # Slow steps (the update is the bulk of each): on an idle machine the trainer would otherwise finish the
     # run during the seconds Ctrl-C takes to tear Ray down, leaving launch 2 no update to kill.
@@ -177,19 +176,22 @@ def resume_chain(tmp_path_factory, demo_assets) -> ResumeChain:
     root = tmp_path_factory.mktemp("resume_chain")
     checkpoints = root / "checkpoints"
     chain = (*CHAIN, f"trainer.default_local_dir={checkpoints}")
+    to_the_end = f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}"
 
-    with watched(root / "interrupted", *chain) as run:
+    with watched(root / "interrupted", *chain, to_the_end) as run:
         run.wait_for_step(CHAIN_INTERRUPTED_IN_STEP - 1)
         time.sleep(0.3)  # inside the next step
         interrupted = end_by(run, run.interrupt, timeout_s=FAIL_WITHIN_S)
     resumed_from = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
 
-    # CHAIN's ppo_epochs makes the update the bulk of the step: the kill lands inside it.
-    with watched(root / "crashed", *chain) as run:
-        run.wait_for_task(ACTOR_WORKER, "update_actor")
+    # The kill lands in the step after the first one the resumed run logs (CHAIN's ppo_epochs makes the update
+    # the bulk of it). More steps than the chain's keep an idle machine from finishing the run first; the kill
+    # comes before the next checkpoint (every 3rd step), so the tracker still names the one resumed from.
+    with watched(root / "crashed", *chain, "trainer.total_training_steps=100") as run:
+        run.wait_for_step(resumed_from + 1)
         crashed = end_by(run, lambda: run.signal_worker(ACTOR_WORKER, signal.SIGKILL))
 
-    finished = run_main(root / "finished", *CHAIN, checkpoints=checkpoints)
+    finished = run_main(root / "finished", *CHAIN, to_the_end, checkpoints=checkpoints)
     return ResumeChain(checkpoints, interrupted, resumed_from, crashed, finished)
 
 
@@ -207,7 +209,7 @@ def test_chain_ctrl_c_stops_the_run_and_the_tracker_names_a_complete_checkpoint(
 
 
 def test_chain_actor_dying_mid_update_fails_the_resumed_run_naming_it(resume_chain):
-    """Launch 2: an actor rank killed in the middle of an update fails the run quickly, by name."""
+    """Launch 2: an actor rank killed in the middle of a step (mostly its update) fails the run quickly, by name."""
     crashed = resume_chain.crashed
     assert_failed_cleanly(crashed)
     assert "ActorDiedError" in crashed.run.output and "WorkerDict" in crashed.run.output
