@@ -74,7 +74,6 @@ CHAIN = (
     "async_training.staleness=1",
     f"async_training.sync_interval={CHAIN_SYNC_INTERVAL}",
     f"trainer.save_freq={CHAIN_SAVE_FREQ}",
-    "trainer.resume_mode=auto",
     # Slow steps (the update is the bulk of each): on an idle machine the trainer would otherwise finish the
     # run during the seconds Ctrl-C takes to tear Ray down, leaving launch 2 no update to kill.
     "actor_rollout_ref.actor.ppo_epochs=8",
@@ -166,7 +165,8 @@ def test_reward_function_that_raises_fails_the_run_with_its_exception(tmp_path):
 class ResumeChain:
     checkpoints: Path
     interrupted: Ended  # launch 1: Ctrl-C inside step CHAIN_INTERRUPTED_IN_STEP
-    resumed_from: int  # the step of the checkpoint the tracker named after launch 1
+    resumed_from: int  # the mid-interval checkpoint launches 2 and 3 resume from (step 3)
+    tracked_after_ctrl_c: int  # the step the tracker named once launch 1 was stopped
     crashed: Ended  # launch 2: resumed from it, the actor worker SIGKILLed in its first update
     finished: Run  # launch 3: resumed from it again, to the last step
 
@@ -176,23 +176,31 @@ def resume_chain(tmp_path_factory, demo_assets) -> ResumeChain:
     root = tmp_path_factory.mktemp("resume_chain")
     checkpoints = root / "checkpoints"
     chain = (*CHAIN, f"trainer.default_local_dir={checkpoints}")
-    to_the_end = f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}"
+    # Launches 1 and 2 run for more steps than the chain's, so that an idle machine cannot finish them during
+    # the seconds a Ctrl-C or a kill takes to stop them; 2 and 3 resume from the mid-interval checkpoint of
+    # step 3 by path, whichever later checkpoint launch 1 managed to write before Ray was torn down.
+    beyond_the_end = "trainer.total_training_steps=100"
+    resumed_from = CHAIN_INTERRUPTED_IN_STEP - 1
+    from_step_3 = (
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={checkpoints / f'global_step_{resumed_from}'}",
+    )
 
-    with watched(root / "interrupted", *chain, to_the_end) as run:
-        run.wait_for_step(CHAIN_INTERRUPTED_IN_STEP - 1)
+    with watched(root / "interrupted", *chain, beyond_the_end) as run:
+        run.wait_for_step(resumed_from)
         time.sleep(0.3)  # inside the next step
         interrupted = end_by(run, run.interrupt, timeout_s=FAIL_WITHIN_S)
-    resumed_from = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
+    tracked_after_ctrl_c = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
 
-    # The kill lands in the step after the first one the resumed run logs (CHAIN's ppo_epochs makes the update
-    # the bulk of it). More steps than the chain's keep an idle machine from finishing the run first; the kill
-    # comes before the next checkpoint (every 3rd step), so the tracker still names the one resumed from.
-    with watched(root / "crashed", *chain, "trainer.total_training_steps=100") as run:
+    # The kill lands in the step after the first one the resumed run logs (CHAIN's ppo_epochs makes the
+    # update the bulk of it).
+    with watched(root / "crashed", *chain, beyond_the_end, *from_step_3) as run:
         run.wait_for_step(resumed_from + 1)
         crashed = end_by(run, lambda: run.signal_worker(ACTOR_WORKER, signal.SIGKILL))
 
-    finished = run_main(root / "finished", *CHAIN, to_the_end, checkpoints=checkpoints)
-    return ResumeChain(checkpoints, interrupted, resumed_from, crashed, finished)
+    to_the_end = f"trainer.total_training_steps={ONE_STEP_OFF_STEPS}"
+    finished = run_main(root / "finished", *CHAIN, to_the_end, *from_step_3, checkpoints=checkpoints)
+    return ResumeChain(checkpoints, interrupted, resumed_from, tracked_after_ctrl_c, crashed, finished)
 
 
 def test_chain_ctrl_c_stops_the_run_and_the_tracker_names_a_complete_checkpoint(resume_chain, demo_assets):
@@ -201,10 +209,10 @@ def test_chain_ctrl_c_stops_the_run_and_the_tracker_names_a_complete_checkpoint(
     assert interrupted.run.returncode != 0
     assert interrupted.seconds_after_fault < 60
     assert interrupted.leftovers == []
-    # The trainer may finish a step or two while the interrupt tears Ray down: any saved step is fine, as
+    # The trainer may finish a few steps while the interrupt tears Ray down: any saved step is fine, as
     # long as the tracker names a checkpoint that was written completely.
-    last = resume_chain.resumed_from
-    assert last % CHAIN_SAVE_FREQ == 0 and CHAIN_SAVE_FREQ <= last < ONE_STEP_OFF_STEPS
+    last = resume_chain.tracked_after_ctrl_c
+    assert last % CHAIN_SAVE_FREQ == 0 and last >= resume_chain.resumed_from
     verify_checkpoint(resume_chain.checkpoints / f"global_step_{last}", demo_assets.model_dir, actor_world_size=1)
 
 
