@@ -498,11 +498,22 @@ def process(ray_shipping_servers):
         ray.kill(handle)
 
 
+def _kill_and_wait_until_dead(ray, handle) -> None:
+    """``ray.kill`` returns before the process is gone: until then the actor still answers probes."""
+    ray.kill(handle)
+    while True:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=30)
+        except ray.exceptions.ActorDiedError:
+            return
+        time.sleep(0.05)
+
+
 def test_a_replica_busy_for_several_probe_rounds_but_less_than_silent_timeout_stays_live(ray_shipping_servers, process):
     ray = ray_shipping_servers
     busy, idle, killed = process(), process(), process()
+    _kill_and_wait_until_dead(ray, killed)
     busy.hold.remote(3 * PROBE_RETRY_S)
-    ray.kill(killed)
     started = time.monotonic()
     dead = _dead_replicas(
         [
