@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -74,10 +75,13 @@ class StubRollout:
         nan_at_step: int | None = None,
         hang_validation: bool = False,
         log_probs: bool = True,
+        partial: bool = False,
     ) -> None:
         self.log, self.seconds, self.fail_at_step, self.nan_at_step = log, seconds, fail_at_step, nan_at_step
-        self.hang_validation, self.log_probs = hang_validation, log_probs
+        self.hang_validation, self.log_probs, self.partial = hang_validation, log_probs, partial
         self.version = -1
+        self.running = 0  # generations running now (several at once in partial-rollout mode)
+        self._lock = threading.Lock()
         self.running = False
 
     def generate_sequences(self, gen_batch: DataProto) -> DataProto:
@@ -87,16 +91,28 @@ class StubRollout:
             if self.hang_validation:
                 threading.Event().wait()  # a replica that never answers
             return self._output(len(gen_batch))
-        self.running = True
+        with self._lock:
+            self.running += 1
         self.log.add("gen_start", step, self.version)
+        first_version = self.version
         try:
             time.sleep(self.seconds)
             if step == self.fail_at_step:
                 raise ValueError(f"stub generation failed for step {step}")
-            return self._output(len(gen_batch), nan_reward=step == self.nan_at_step)
+            output = self._output(len(gen_batch), nan_reward=step == self.nan_at_step)
+            if self.partial:  # the first response token sampled at the start, the others at the end
+                runs = [[first_version, 1], [self.version, RESPONSE_LEN - 1]]
+                if first_version == self.version:
+                    runs = [[first_version, RESPONSE_LEN]]
+                output.non_tensor_batch["weight_version_runs"] = np.array([runs] * len(gen_batch), dtype=object)
+                output.non_tensor_batch["min_global_steps"][:] = first_version
+                output.non_tensor_batch["max_global_steps"][:] = self.version
+                output.non_tensor_batch["recomputed_prefill_tokens"] = np.full(len(gen_batch), 0, dtype=object)
+            return output
         finally:
             self.log.add("gen_end", step, self.version)
-            self.running = False
+            with self._lock:
+                self.running -= 1
 
     def _output(self, size: int, nan_reward: bool = False) -> DataProto:
         prompts = torch.randint(3, 50, (size, PROMPT_LEN))
@@ -222,6 +238,7 @@ def build_trainer(config, log: EventLog, rollout: StubRollout, sync: StubWeightS
     trainer.log, trainer.logged_metrics = log, []
     trainer.async_rollout_manager = rollout
     trainer.checkpoint_manager = sync
+    trainer.llm_server_manager = SimpleNamespace(get_replicas=lambda: [])  # no engine reports stats
     trainer.actor_rollout_wg = object()
     trainer._start_pipeline()  # what init_workers does with the real managers
     return trainer

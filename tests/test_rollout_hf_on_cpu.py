@@ -228,6 +228,23 @@ def test_abort_all_returns_partial_sequences_and_queued_ones_empty(model):
     assert after.finish_reason is FinishReason.LENGTH and len(after.token_ids) == 3
 
 
+def test_engine_stats_count_rows_tokens_prefill_and_busy_time_per_step(model):
+    prompts = random_prompts(3, seed=9)
+
+    async def scenario(engine: GenerationEngine):
+        results = await asyncio.gather(
+            *[engine.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, (2, 5, 9), strict=True)]
+        )
+        return engine.stats, results
+
+    stats, results = run_engine(model, scenario, max_num_seqs=4)
+    assert stats.tokens == stats.rows == sum(len(r.token_ids) for r in results) == 2 + 5 + 9
+    assert stats.prefill_tokens == sum(len(p) for p in prompts)
+    # Admitted together, then rows leave as they finish: 3 rows for 2 steps, 2 rows for 3, 1 row for 4.
+    assert stats.steps == 9 and stats.rows / stats.steps == pytest.approx(16 / 9)
+    assert stats.busy_s > 0
+
+
 def test_weight_update_aborts_running_sequences_and_never_mixes_versions():
     """A weight update lands between two steps: sequences that were running stop (aborted, old
     version, every token from the old weights); queued ones then run entirely on the new weights."""
@@ -597,3 +614,35 @@ def test_weight_sync_aborts_in_flight_requests(stack):
         assert output.stop_reason == "aborted" and output.extra_fields["global_steps"] == 30
         assert 0 < len(output.token_ids) == len(output.log_probs) < 480
     assert after.stop_reason == "completed" and after.extra_fields["global_steps"] == 31
+
+
+@pytest.mark.slow
+def test_partial_rollout_client_continues_interrupted_requests_under_the_new_weights(stack):
+    """The same sync with the recipe's partial-rollout client: every request continues from its tokens so far
+    on v41 and ends with its full budget, each token stamped with the version that sampled it."""
+    from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS, PartialRolloutClient
+
+    stack.checkpoints.update_weights(global_steps=40)
+    client = stack.servers.get_client(PartialRolloutClient)
+    servers = [replica.servers[0] for replica in stack.servers.get_replicas()]
+    long_request = {"max_tokens": 480, "ignore_eos": True, "temperature": 1.0, "logprobs": True}
+    prompts = random_prompts(4, seed=7)
+
+    async def scenario():
+        requests = [
+            asyncio.ensure_future(client.generate(f"p{i}", prompt_ids=prompt, sampling_params=long_request))
+            for i, prompt in enumerate(prompts)
+        ]
+        running = lambda: [s.__ray_call__.remote(lambda self: self.engine.num_running) for s in servers]  # noqa: E731
+        while sum(await asyncio.gather(*running())) < 4:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(stack.checkpoints.update_weights, 41)
+        return await asyncio.gather(*requests)
+
+    for prompt, output in zip(prompts, asyncio.run(scenario()), strict=True):
+        runs = output.extra_fields[VERSION_RUNS]
+        assert [version for version, _ in runs] == [40, 41], runs
+        assert len(output.token_ids) == len(output.log_probs) == sum(n for _, n in runs) == 480
+        assert output.stop_reason == "completed"
+        assert output.extra_fields[RECOMPUTED_PREFILL] == len(prompt) + runs[0][1]
+        assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (40, 41)

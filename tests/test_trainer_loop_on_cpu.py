@@ -240,3 +240,37 @@ def test_throughput_counts_the_devices_of_both_pools():
     assert metrics["perf/throughput"] == pytest.approx(
         metrics["perf/total_num_tokens"] / (metrics["perf/time_per_step"] * devices)
     )
+
+
+# --- partial rollout: batches in flight generate together, syncs do not wait for idle -------------------
+
+# The stub trainer's config is the GPU profile's (vLLM), which needs priority scheduling in this mode.
+PARTIAL = ("async_training.partial_rollout=true", "actor_rollout_ref.rollout.scheduling_policy=priority")
+
+
+def test_partial_rollout_overlaps_batches_and_syncs_mid_generation_in_data_order():
+    _, today = run(2)
+    trainer, log = run(2, TOTAL_STEPS, *PARTIAL, partial=True, seconds=0.3)
+
+    # Data order is unchanged: the batch of step k is dataloader batch k.
+    assert [u[3] for u in log.of("update")] == [u[3] for u in today.of("update")]
+    # Batches in flight generate at once: a later batch starts before an earlier one ends ...
+    starts = {step: log.index("gen_start", step, version) for _, step, version in log.of("gen_start")}
+    ends = {step: log.index("gen_end", step, version) for _, step, version in log.of("gen_end")}
+    assert any(starts[step + 1] < ends[step] for step in range(1, TOTAL_STEPS))
+    # ... and a sync interrupts running generations instead of waiting for them.
+    assert any(running for _, step, running in log.of("sync") if step > 0)
+    # Every token within [k-1-s, k-1] (the trainer checks it at every step); some samples span versions.
+    metrics = trainer.logged_metrics
+    assert all(0 <= m["async/staleness_min"] <= m["async/staleness_max"] <= 2 for m in metrics)
+    assert any(m["async/partial_ratio"] > 0 for m in metrics)
+    assert max(m["async/version_span_max"] for m in metrics) >= 1
+
+
+def test_partial_rollout_fails_naming_the_sample_with_a_token_outside_the_contract():
+    log = EventLog()
+    rollout = StubRollout(log, partial=True, seconds=0.05)
+    config = compose_config("async_training.staleness=1", "trainer.total_training_steps=3", *PARTIAL)
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout, skip_version=1))
+    with pytest.raises(WeightVersionError, match=r"Sample 0 of the batch for step 3 .*outside \[v1, v2\]"):
+        trainer.fit()

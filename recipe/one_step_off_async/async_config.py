@@ -113,6 +113,15 @@ class AsyncTrainingConfig:
             "and checkpoint step); in between, the rollout keeps generating with the last version it received."
         },
     )
+    partial_rollout: bool = field(
+        default=False,
+        metadata={
+            "help": "The batches in flight generate concurrently (oldest first) and a weight sync interrupts the "
+            "running requests instead of waiting for the rollout to go idle; they continue under the new weights "
+            "(prompt + tokens so far). Every token of the batch of step k is then sampled by a version in "
+            "[k-1-staleness, k-1], each stamped with its version. false: a sync waits for idle, one version per batch."
+        },
+    )
     one_gpu: bool = field(
         default=False,
         metadata={
@@ -141,6 +150,8 @@ class AsyncTrainingConfig:
                 f"async_training.sync_interval={self.sync_interval!r} must be an integer >= 1 "
                 "(1 = push weights after every step, N = every N steps)."
             )
+        if not isinstance(self.partial_rollout, bool):
+            raise ConfigError(f"async_training.partial_rollout={self.partial_rollout!r} must be true or false.")
         for name in ("generation_timeout_s", "sync_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(
@@ -266,6 +277,7 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     )
 
     _check_elastic(async_config, rollout, rollout_devices // rollout_world)
+    _check_partial_rollout(async_config, config)
 
     _require(
         not config.reward.reward_model.enable,
@@ -333,6 +345,44 @@ def _check_elastic(async_config: AsyncTrainingConfig, rollout: DictConfig, repli
             "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true (the group is "
             "then rebuilt on every sync: seconds per sync on large pools).",
         )
+
+
+# Weight-sync backends whose sync runs through verl's CheckpointEngineManager.update_weights, which aborts the
+# running requests, loads the weights and resumes generation: what partial rollout needs from a sync.
+PARTIAL_ROLLOUT_CHECKPOINT_ENGINES = ("gloo", "checkpoint", "nccl")
+# Rollout backends whose abort returns the tokens generated so far (hf: GenerationEngine.abort_all; vLLM:
+# verl's vLLMHttpServer.abort_all_requests, which pauses the engine and parks new requests until resume).
+PARTIAL_ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
+def _check_partial_rollout(async_config: AsyncTrainingConfig, config: DictConfig) -> None:
+    if not async_config.partial_rollout:
+        return
+    key, rollout = "async_training.partial_rollout=true", config.actor_rollout_ref.rollout
+    _require(
+        rollout.name in PARTIAL_ROLLOUT_BACKENDS,
+        f"{key} with actor_rollout_ref.rollout.name={rollout.name!r}: a sync interrupts running requests and "
+        f"continues them from their tokens so far, which only {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} are wired "
+        "for here. Use one of them, or async_training.partial_rollout=false.",
+    )
+    backend = rollout.checkpoint_engine.backend
+    _require(
+        backend in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES,
+        f"{key} with checkpoint_engine.backend={backend!r}: partial rollout needs a sync that aborts, loads and "
+        f"resumes the replicas (verl's CheckpointEngineManager); supported: {', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}.",
+    )
+    _require(
+        rollout.name != "vllm" or rollout.scheduling_policy == "priority",
+        f"{key} with vLLM and actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: the "
+        "batches in flight share the engine and the oldest must run first. Set "
+        "actor_rollout_ref.rollout.scheduling_policy=priority.",
+    )
+    _require(
+        not OmegaConf.select(config, "actor_rollout_ref.rollout.multi_turn.enable", default=False),
+        f"{key} with actor_rollout_ref.rollout.multi_turn.enable=true: the weight version of every token is "
+        "stamped for single-turn generations only (a multi-turn sample would carry its last turn's). Use "
+        "async_training.partial_rollout=false for multi-turn agent loops.",
+    )
 
 
 def check_data_files(config: DictConfig) -> None:

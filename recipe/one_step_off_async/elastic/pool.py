@@ -17,7 +17,8 @@ trainer's bookkeeping over both, applied only where the pipeline allows it:
   the load balancer right after that sync, so its first request is served with the weights the
   others hold: it never serves stale or random weights.
 - **Leaving** (scale command): out of the load balancer at the next step boundary (requests already
-  on it finish there), shut down at the next sync, when no generation runs.
+  on it finish there), shut down at the next sync, when no generation runs (with partial rollout,
+  what still runs there is aborted first and continues on the other replicas).
 
 Everything runs on the trainer's thread between steps, except the background starts, which only
 build a replica and hand it back.
@@ -225,6 +226,9 @@ class ElasticRolloutPool:
             self._done(request_id, reason, failed=True)
         self._require_min_replicas(step)
         for replica, request_id in self._leaving:
+            # With partial rollout, requests routed to it before it left may still run: abort them (their
+            # clients resume them on the replicas left, from their tokens so far) rather than kill them.
+            ray.get([server.abort_all_requests.remote(reject_request=True) for server in replica.servers])
             self._shut_down(replica)
             self._done(request_id, f"replica {replica.replica_rank} shut down at step {step}")
         self._leaving = []

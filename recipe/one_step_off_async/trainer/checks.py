@@ -7,6 +7,8 @@ Each raises a named error (``errors.py``) that says what is wrong with which sam
   returned no per-token log-probs;
 - ``measured_weight_version``: every sample of the batch was generated with the one weight version
   the pipeline's contract gives it (``pipeline.expected_weight_version``); returns that version.
+- ``check_token_versions`` (partial rollout): every response token was sampled by a version within the
+  contract's bounds, and every token is stamped; returns the batch's token-weighted version metrics.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from verl import DataProto
 
 from recipe.one_step_off_async.errors import OffPolicyCorrectionError, RewardError, WeightVersionError
+from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS
 
 
 def check_rewards(step: int, batch: DataProto, reward_function: str) -> None:
@@ -66,3 +69,50 @@ def measured_weight_version(step: int, output: DataProto, expected: int, rollout
             "reach the rollout replicas."
         )
     return int(first[0])
+
+
+def check_token_versions(step: int, output: DataProto, lowest: int, highest: int, contract: str) -> dict[str, float]:
+    """Every response token of ``output`` (the batch for ``step``) was sampled by a version in [lowest, highest].
+
+    The versions come from the partial-rollout client's runs ``[[version, n_tokens], ...]`` per sample, which
+    must cover the sample's response exactly (a token without a stamp could come from any version). Returns
+    the batch's version metrics: staleness ``(step - 1) - version`` weighted by tokens, the share of samples
+    sampled by more than one version, the widest span, and the prefix tokens prefilled again by resumptions.
+    ``contract`` describes the settings that gave the bounds (for the error message).
+    """
+    runs = output.non_tensor_batch.get(VERSION_RUNS)
+    if runs is None or any(sample_runs is None for sample_runs in runs):
+        raise WeightVersionError(
+            f"The batch for step {step} carries no per-token weight versions ({VERSION_RUNS}): in partial-rollout "
+            "mode every generation must go through the recipe's PartialRolloutClient."
+        )
+    lengths = output.batch["response_mask"].sum(-1).tolist()
+    token_staleness: list[np.ndarray] = []
+    spans = []
+    for sample, (sample_runs, length) in enumerate(zip(runs, lengths, strict=True)):
+        stamped = sum(n_tokens for _, n_tokens in sample_runs)
+        if stamped != length:
+            raise WeightVersionError(
+                f"Sample {sample} of the batch for step {step} has {int(length)} response tokens but weight versions "
+                f"for {stamped} ({VERSION_RUNS}={sample_runs}): its tokens cannot be checked against the contract."
+            )
+        versions = [version for version, _ in sample_runs]
+        outside = [version for version in versions if version is None or not lowest <= version <= highest]
+        if outside:
+            raise WeightVersionError(
+                f"Sample {sample} of the batch for step {step} has tokens sampled by weight version v{outside[0]}, "
+                f"outside [v{lowest}, v{highest}] ({contract}; runs {sample_runs}): a weight sync did not reach the "
+                "rollout replicas, or reached them out of order."
+            )
+        token_staleness += [np.full(n_tokens, step - 1 - version) for version, n_tokens in sample_runs]
+        spans.append(max(versions) - min(versions) if versions else 0)
+    staleness = np.concatenate(token_staleness) if token_staleness else np.zeros(1)
+    recomputed = output.non_tensor_batch.get(RECOMPUTED_PREFILL)
+    return {
+        "async/staleness_min": float(staleness.min()),
+        "async/staleness_mean": float(staleness.mean()),
+        "async/staleness_max": float(staleness.max()),
+        "async/partial_ratio": float(np.mean([span > 0 for span in spans])) if spans else 0.0,
+        "async/version_span_max": float(max(spans, default=0)),
+        "async/recomputed_prefill_tokens": float(sum(recomputed)) if recomputed is not None else 0.0,
+    }

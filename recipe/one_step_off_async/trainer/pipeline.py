@@ -10,7 +10,10 @@ drains them (``wait_idle``) before every weight sync, so a batch never straddles
 versions and the batch trained at step k was generated with the weights after step k-1-s.
 
 Generation runs on one background thread, one batch after another, so rollout work stays in
-data order. The pipeline also owns resumption: ``state_dict()`` is the dataloader state from
+data order. With ``concurrent_batches`` (partial rollout) every batch in flight generates at once on a thread
+of its own, so the replicas' slots freed by one batch's finished samples take the next batch's
+requests instead of idling at its tail (the requests carry their step as priority: oldest first),
+and no sync waits for idle. The pipeline also owns resumption: ``state_dict()`` is the dataloader state from
 *before* the oldest batch not yet trained was drawn, so a run resumed from step N trains next on
 batch N+1 and regenerates the batches that were in flight (verl's own state is taken after
 prefetching, which skips batches on resume).
@@ -87,6 +90,7 @@ class RolloutPipeline:
         prepare: turns a collated dataloader dict into ``(batch, gen_batch)`` on the caller's thread.
         generate: runs one generation on the rollout pool (called on the pipeline's thread).
         total_epochs: epochs the training loop will iterate.
+        concurrent_batches: generate the batches in flight at once (partial rollout) instead of one after another.
     """
 
     def __init__(
@@ -96,13 +100,16 @@ class RolloutPipeline:
         prepare: Callable[[dict, int], tuple[DataProto, DataProto]],
         generate: Callable[[DataProto], DataProto],
         total_epochs: int,
+        concurrent_batches: bool = False,
     ) -> None:
         self.dataloader = dataloader
         self.staleness = staleness
         self._prepare = prepare
         self._generate = generate
         self._total_epochs = total_epochs
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-pipeline")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=staleness + 1 if concurrent_batches else 1, thread_name_prefix="rollout-pipeline"
+        )
         self._in_flight: deque[InFlightBatch] = deque()
         self._stream: Iterator[tuple[int, dict, dict]] | None = None
         self._start_epoch = self._stream_epoch = 0
@@ -183,8 +190,16 @@ class RolloutPipeline:
             batch.result(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def busy_seconds(self, start: float, end: float) -> float:
-        """Seconds of finished generation that fell inside the wall-clock window [start, end]."""
-        return sum(max(0.0, min(end, finished) - max(start, started)) for started, finished in list(self._finished))
+        """Seconds of the window [start, end] in which at least one finished generation was running.
+
+        Generations of concurrent batches overlap; their union is counted, so the result never exceeds the window.
+        """
+        clipped = sorted((max(start, s), min(end, f)) for s, f in list(self._finished) if min(end, f) > max(start, s))
+        busy, covered_to = 0.0, start
+        for begin, finish in clipped:
+            busy += max(0.0, finish - max(begin, covered_to))
+            covered_to = max(covered_to, finish)
+        return busy
 
     def state_dict(self) -> dict[str, Any]:
         """Resume point: before the oldest batch not yet trained was drawn."""

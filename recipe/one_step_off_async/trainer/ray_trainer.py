@@ -11,6 +11,8 @@ that decide where a batch comes from and when weights move:
 - ``_fit_generate`` waits for the item's generation, then runs verl's own generation step on it;
 - ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k (every
   ``sync_interval`` steps, and on validation and checkpoint steps), so no sequence mixes two versions;
+  with ``partial_rollout`` it syncs at once: the sync interrupts the running requests, which continue
+  under v_k (``rollout/partial.py``), and every token is checked against its version bounds;
 - the step ends by launching the generation s+1 steps ahead (``_fit_postprocess_step``);
 - checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
 
@@ -26,6 +28,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import ray
 import torch
 from omegaconf import DictConfig
@@ -39,8 +42,15 @@ from verl.utils.debug import marked_timer
 from recipe.one_step_off_async.async_config import validate_config
 from recipe.one_step_off_async.errors import CheckpointError
 from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
-from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards, measured_weight_version
+from recipe.one_step_off_async.trainer.checks import (
+    check_correction_inputs,
+    check_rewards,
+    check_token_versions,
+    measured_weight_version,
+)
+from recipe.one_step_off_async.trainer.clients import rollout_client
 from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager
+from recipe.one_step_off_async.trainer.engine_stats import EngineStatsReader
 from recipe.one_step_off_async.trainer.pipeline import InFlightBatch, RolloutPipeline, expected_weight_version
 from recipe.one_step_off_async.trainer.replay import replaying
 from recipe.one_step_off_async.trainer.resume import resume_folder
@@ -105,6 +115,9 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             self.async_config.sync_timeout_s,
             self.config.actor_rollout_ref.rollout.checkpoint_engine.backend,
         )
+        self.engine_stats = EngineStatsReader(
+            lambda: [server for replica in self.llm_server_manager.get_replicas() for server in replica.servers]
+        )
         rollout = self.async_rollout_manager
         self.async_rollout_manager = BoundedRolloutManager(rollout, self.async_config.generation_timeout_s)
         self.train_dataloader = RolloutPipeline(
@@ -113,23 +126,20 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             prepare=self._prepare_generation,
             generate=rollout.generate_sequences,  # the pipeline bounds its own waits
             total_epochs=self.config.trainer.total_epochs,
+            concurrent_batches=self.async_config.partial_rollout,
         )
 
     def _init_async_rollout_manager(self) -> None:
         from verl.experimental.agent_loop import AgentLoopManager
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        client_options = {}
-        if self.async_config.elastic.enable:
-            from recipe.one_step_off_async.elastic.client import ElasticLLMServerClient
-
-            client_options = {"client_cls": ElasticLLMServerClient, "controller": self.pool_controller}
         # Standalone replicas on their own pool: LLMServerManager gets no worker group.
         self.llm_server_manager = LLMServerManager.create(config=self.config)
         self.async_rollout_mode = True
+        client_cls, client_options = rollout_client(self.async_config, self.pool_controller)
         self.async_rollout_manager = AgentLoopManager.create(
             config=self.config,
-            llm_client=self.llm_server_manager.get_client(**client_options),
+            llm_client=self.llm_server_manager.get_client(client_cls, **client_options),
             reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
         )
 
@@ -151,6 +161,9 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         gen_batch = self._get_gen_batch(batch)
         gen_batch.meta_info["global_steps"] = step
         gen_batch = gen_batch.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
+        if self.async_config.partial_rollout:
+            # The batches in flight share the replicas: the older one first (lower is earlier, as in vLLM).
+            gen_batch.non_tensor_batch["priority"] = np.full(len(gen_batch), step, dtype=np.int64)
         return batch, gen_batch
 
     def _fit_get_batch(self, in_flight: InFlightBatch) -> InFlightBatch:
@@ -172,15 +185,9 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         reward = self.config.reward.custom_reward_function
         check_rewards(step, batch, reward_function=f"{reward.path or 'verl default'}:{reward.name}")
         check_correction_inputs(step, batch, correction is not None, rollout.name)
-        expected = expected_weight_version(
-            step, self.async_config.staleness, self.train_dataloader.first_step - 1, self._syncs_at
-        )
-        contract = f"staleness {self.async_config.staleness}, sync_interval {self.async_config.sync_interval}"
-        version = measured_weight_version(step, generated.output, expected, rollout.name, contract)
+        self.metrics.update(self._weight_version_metrics(step, generated.output))
         self.metrics.update(
             {
-                "async/staleness": (step - 1) - version,  # measured: v_{k-1} minus the rollout's version
-                "async/weight_version": version,
                 "async/in_flight": self.train_dataloader.in_flight,
                 "timeline/gen_start": generated.started_at - self._clock_origin,
                 "timeline/gen_end": generated.finished_at - self._clock_origin,
@@ -189,6 +196,27 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             }
         )
         return batch
+
+    def _weight_version_metrics(self, step: int, output: DataProto) -> dict[str, float]:
+        """Check the batch's weight versions against the contract; return what was measured.
+
+        ``async/staleness`` is v_{k-1} minus the oldest version that sampled a token of the batch (the bound
+        the contract gives); ``async/staleness_{min,mean,max}`` weigh every response token by its version.
+        """
+        base, staleness = self.train_dataloader.first_step - 1, self.async_config.staleness
+        oldest = expected_weight_version(step, staleness, base, self._syncs_at)
+        contract = f"staleness {staleness}, sync_interval {self.async_config.sync_interval}"
+        name = self.config.actor_rollout_ref.rollout.name
+        if self.async_config.partial_rollout:
+            newest = expected_weight_version(step, 0, base, self._syncs_at)  # the last version synced before step k
+            metrics = check_token_versions(step, output, oldest, newest, f"partial rollout, {contract}")
+            version = step - 1 - int(metrics["async/staleness_max"])
+        else:
+            version = measured_weight_version(step, output, oldest, name, contract)
+            metrics = {f"async/staleness_{stat}": float(step - 1 - version) for stat in ("min", "mean", "max")}
+            metrics |= {"async/partial_ratio": 0.0, "async/version_span_max": 0.0}
+            metrics["async/recomputed_prefill_tokens"] = 0.0
+        return metrics | {"async/staleness": step - 1 - version, "async/weight_version": version}
 
     def _validates_at(self, step: int) -> bool:
         """verl's ``_fit_validate`` condition: validation runs after the sync of this step."""
@@ -211,10 +239,11 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         synced = self._syncs_at(step)
         pool.poll(step)  # losses, scale requests, replicas that came up
         if synced:
-            # Generations launched with the previous weights finish before the new ones arrive.
-            with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step + 1):
-                self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
-            pool.before_sync(step)  # idle: the pool's membership may change now
+            if not self.async_config.partial_rollout:
+                # Generations launched with the previous weights finish before the new ones arrive.
+                with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step + 1):
+                    self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
+            pool.before_sync(step)  # idle, or about to be interrupted (partial): membership may change now
             sync_start = time.time()
             with marked_timer("sync_weights", self.timing_raw), self._failures_named(step):
                 self.metrics.update(self.checkpoint_manager.update_weights(step) or {})
@@ -232,6 +261,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
                 # What the rollout pool generated while this step ran (for s >= 1, the batches ahead).
                 "async/gen_in_step_s": self.train_dataloader.busy_seconds(step_start, sync_end),
                 **pool.metrics(),
+                **self.engine_stats.metrics(),
             }
         )
         pool.publish(step)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,22 @@ class GenerationResult:
     finish_reason: FinishReason
     weight_version: int | None
     """Version of the weights that generated every token (None: weights loaded at start-up, never synced)."""
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters of the step loop; a reader takes differences between two snapshots.
+
+    Slot occupancy over a window is ``rows / steps / max_num_seqs`` (the mean share of the engine's sequence
+    slots that sampled a token per step, independent of hardware); throughput while busy is
+    ``tokens / busy_s`` (time with no work to do is not counted).
+    """
+
+    steps: int = 0
+    rows: int = 0  # sequences that sampled a token, summed over steps
+    tokens: int = 0  # tokens sampled (one per row and step)
+    prefill_tokens: int = 0  # prompt tokens prefilled (a resumed request's prefix counts again)
+    busy_s: float = 0.0  # seconds spent in engine steps
 
 
 @dataclass(eq=False)
@@ -289,6 +306,7 @@ class GenerationEngine:
         self._loop_task: asyncio.Task | None = None
         # Set when a weight update failed midway: the model then holds a mix of two versions.
         self._failed_update: BaseException | None = None
+        self.stats = EngineStats()
 
     def start(self) -> None:
         """Start the step loop on the running event loop."""
@@ -381,6 +399,7 @@ class GenerationEngine:
                     continue
                 admitted = self._admit()
                 in_step = admitted + ([] if self._batch is None else self._batch.seqs)
+                started = time.perf_counter()
                 try:
                     finished = await loop.run_in_executor(self._executor, self._step, admitted)
                 except Exception as error:
@@ -390,8 +409,16 @@ class GenerationEngine:
                         if not seq.future.done():
                             seq.future.set_exception(error)
                     continue
+                self._count_step(in_step, admitted, time.perf_counter() - started)
                 for seq in finished:
                     seq.resolve(seq.finish_reason)
+
+    def _count_step(self, in_step: list[_Sequence], admitted: list[_Sequence], seconds: float) -> None:
+        self.stats.steps += 1
+        self.stats.rows += len(in_step)
+        self.stats.tokens += len(in_step)
+        self.stats.prefill_tokens += sum(len(seq.prompt_ids) for seq in admitted)
+        self.stats.busy_s += seconds
 
     def _fail_pending_if_crashed(self, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is None:

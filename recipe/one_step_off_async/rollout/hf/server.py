@@ -25,6 +25,7 @@ Semantics worth knowing (same contract as verl's vLLM server):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -253,6 +254,10 @@ class HFRolloutServer(CheckpointEngineWorker):
         """Reopen admission after ``abort_all_requests``; held requests start now."""
         self._reject_while_closed = False
         self._admission_open.set()
+
+    async def engine_stats(self) -> dict[str, float]:
+        """The engine's cumulative step counters (``EngineStats``) and its slot count, for occupancy metrics."""
+        return {**dataclasses.asdict(self.engine.stats), "max_num_seqs": self.engine.max_num_seqs}
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Nothing to wake: on CPU the weights and KV cache never leave memory."""

@@ -1,0 +1,37 @@
+"""Which client the agent loops reach the rollout replicas through: verl's, or the recipe's, by mode.
+
+- default: verl's ``LLMServerClient``;
+- ``async_training.partial_rollout``: ``PartialRolloutClient`` (a request interrupted by a weight sync
+  continues from its tokens so far under the new weights);
+- ``async_training.elastic.enable``: ``ElasticLLMServerClient`` (a request whose replica died is sent to
+  a surviving one);
+- both: ``ElasticPartialRolloutClient``, partial outermost, so each segment of a request gets the elastic
+  retry: a replica lost mid-sample costs that segment only, resent from the prompt plus the tokens
+  already returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from verl.workers.rollout.llm_server import LLMServerClient
+
+from recipe.one_step_off_async.async_config import AsyncTrainingConfig
+from recipe.one_step_off_async.elastic.client import ElasticLLMServerClient
+from recipe.one_step_off_async.rollout.partial import PartialRolloutClient
+
+
+class ElasticPartialRolloutClient(PartialRolloutClient, ElasticLLMServerClient):
+    """Partial rollout over an elastic pool (see the module docstring)."""
+
+
+def rollout_client(
+    async_config: AsyncTrainingConfig, controller: ray.actor.ActorHandle | None
+) -> tuple[type[LLMServerClient], dict[str, Any]]:
+    """The client class for ``LLMServerManager.get_client`` and the keyword arguments it takes."""
+    elastic, partial = async_config.elastic.enable, async_config.partial_rollout
+    if elastic:
+        options = {"controller": controller}
+        return (ElasticPartialRolloutClient if partial else ElasticLLMServerClient), options
+    return (PartialRolloutClient if partial else LLMServerClient), {}
