@@ -136,11 +136,17 @@ class Run:
 
 
 def run_main(
-    directory: Path, *overrides: str, checkpoints: Path | None = None, timeout_s: float = 600, env: dict | None = None
+    directory: Path,
+    *overrides: str,
+    checkpoints: Path | None = None,
+    timeout_s: float = 600,
+    env: dict | None = None,
+    profile: str = CPU_PROFILE,
 ) -> Run:
     directory.mkdir(parents=True, exist_ok=True)
     command = [
-        *ENTRY,
+        *ENTRY[:-1],
+        f"--config-name={profile}",
         "trainer.logger=[console,file]",
         f"trainer.default_local_dir={checkpoints or directory / 'checkpoints'}",
         f"trainer.rollout_data_dir={directory / 'rollouts'}",

@@ -33,6 +33,9 @@ import ray
 from e2e import ENTRY, read_metrics
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
+from recipe.one_step_off_async.demo.long_tail import AGENT_LOOP_NAME
+from recipe.one_step_off_async.demo.long_tail_agent_loop import BudgetedAgentLoop
+
 TESTS_DIR = Path(__file__).resolve().parent
 KILL_REPLICA_AT_CALL_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_AT_CALL"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
@@ -44,29 +47,52 @@ ACTOR_WORKER = "ray::WorkerDict"
 # --- in-process faults ---------------------------------------------------------------------------
 
 
+async def _kill_a_replica_on_call(agent_loop) -> None:
+    """On this worker process's N-th agent-loop call, kill the replica the load balancer would pick next."""
+    _calls[0] += 1
+    if _calls[0] == int(os.environ.get(KILL_REPLICA_AT_CALL_ENV, 0)):
+        server_id, server = await agent_loop.server_manager._acquire_server(f"fault-{uuid.uuid4().hex}")
+        agent_loop.server_manager._release_server(server_id)
+        ray.kill(server)  # its process is killed, as by the OOM killer: requests on it die with it
+
+
+_calls = [0]
+
+
 class FailingAgentLoop(SingleTurnAgentLoop):
     """The single-turn agent loop, except that its N-th call in a worker process first kills a rollout
     replica (the one the load balancer would pick next) while the calls before it are still generating."""
 
-    calls = 0
-
     async def run(self, sampling_params, **kwargs):
-        FailingAgentLoop.calls += 1
-        if FailingAgentLoop.calls == int(os.environ.get(KILL_REPLICA_AT_CALL_ENV, 0)):
-            server_id, server = await self.server_manager._acquire_server(f"fault-{uuid.uuid4().hex}")
-            self.server_manager._release_server(server_id)
-            ray.kill(server)  # its process is killed, as by the OOM killer: requests on it die with it
+        await _kill_a_replica_on_call(self)
         return await super().run(sampling_params, **kwargs)
 
 
-def failing_generation(directory: Path, kill_replica_at_call: int) -> tuple[list[str], dict[str, str]]:
-    """Overrides and env for a run whose generation kills a rollout replica on agent-loop call N."""
+class FailingBudgetedAgentLoop(BudgetedAgentLoop):
+    """The long-tail task's agent loop with the same fault: long samples are mid-generation when it strikes."""
+
+    async def run(self, sampling_params, **kwargs):
+        await _kill_a_replica_on_call(self)
+        return await super().run(sampling_params, **kwargs)
+
+
+def failing_generation(
+    directory: Path, kill_replica_at_call: int, long_tail: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """Overrides and env for a run whose generation kills a rollout replica on agent-loop call N.
+
+    ``long_tail``: the run is on the long-tail task, whose rows name their agent loop; the fault takes its name.
+    """
     config = directory / "failing_agent_loop.yaml"
-    config.write_text(f"- name: failing_agent\n  _target_: {__name__}.FailingAgentLoop\n")
-    overrides = [
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
-    ]
+    if long_tail:
+        config.write_text(f"- name: {AGENT_LOOP_NAME}\n  _target_: {__name__}.FailingBudgetedAgentLoop\n")
+        overrides = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}"]
+    else:
+        config.write_text(f"- name: failing_agent\n  _target_: {__name__}.FailingAgentLoop\n")
+        overrides = [
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
+        ]
     return overrides, {KILL_REPLICA_AT_CALL_ENV: str(kill_replica_at_call), **_tests_on_python_path()}
 
 

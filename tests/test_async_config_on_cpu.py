@@ -21,9 +21,10 @@ from recipe.one_step_off_async.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-PARTS = ("one_step_off_base", "one_step_off_gpu")  # `# @package _global_` pieces of the profiles
+PARTS = ("one_step_off_base", "one_step_off_cpu", "one_step_off_gpu")  # `# @package _global_` pieces of the profiles
 PRIMARY = [name for name in SHIPPED if name not in PARTS]
 ELASTIC = ("async_training.elastic.enable=true",)
+PARTIAL = ("async_training.partial_rollout=true",)
 
 
 def compose_config(name: str, *overrides: str):
@@ -31,8 +32,13 @@ def compose_config(name: str, *overrides: str):
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_the_recipe_ships_a_gpu_a_one_gpu_and_a_cpu_config():
-    assert PRIMARY == ["one_step_off_ppo_1gpu", "one_step_off_ppo_cpu", "one_step_off_ppo_trainer"]
+def test_the_recipe_ships_a_gpu_a_one_gpu_and_two_cpu_configs():
+    assert PRIMARY == [
+        "one_step_off_ppo_1gpu",
+        "one_step_off_ppo_cpu",
+        "one_step_off_ppo_cpu_long_tail",
+        "one_step_off_ppo_trainer",
+    ]
 
 
 @pytest.mark.parametrize("name", PRIMARY)
@@ -127,6 +133,26 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["async_training.elastic.max_replicas=0"], r"elastic.max_replicas=0 must be an integer >= 1, or null"),
         (["async_training.elastic.start_timeout_s=0"], r"elastic.start_timeout_s=0 must be a positive"),
         (["+async_training.elastic.max_replica=2"], r"Unknown key\(s\) async_training.elastic.max_replica;"),
+        (["async_training.partial_rollout=1"], r"async_training.partial_rollout=1 must be true or false"),
+        (
+            [*PARTIAL, "actor_rollout_ref.rollout.name=sglang", "trainer.device=cuda"]
+            + ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+            r"partial_rollout=true with actor_rollout_ref.rollout.name='sglang'.*only hf and vllm",
+        ),
+        (
+            [*PARTIAL, "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
+            + ["actor_rollout_ref.rollout.checkpoint_engine.backend=nixl"],
+            r"partial_rollout=true with checkpoint_engine.backend='nixl'.*supported: gloo, checkpoint, nccl",
+        ),
+        (
+            [*PARTIAL, "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
+            + ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+            r"partial_rollout=true with vLLM and .*scheduling_policy='fcfs'.*scheduling_policy=priority",
+        ),
+        (
+            [*PARTIAL, "actor_rollout_ref.rollout.multi_turn.enable=true"],
+            r"partial_rollout=true with actor_rollout_ref.rollout.multi_turn.enable=true",
+        ),
         (
             [*ELASTIC, "async_training.elastic.min_replicas=2"],
             r"min_replicas=2 is more than the 1 replica\(s\) the run starts with",

@@ -5,6 +5,7 @@ by the module; everything else is cheap.
     pytest tests/test_demo_assets_on_cpu.py
 """
 
+import asyncio
 import dataclasses
 import json
 import shutil
@@ -14,6 +15,7 @@ import threading
 import time
 
 import datasets
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -25,6 +27,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
 from recipe.one_step_off_async.demo import assets as assets_module
+from recipe.one_step_off_async.demo import long_tail
 from recipe.one_step_off_async.demo.assets import ASSETS_VERSION, CACHE_DIR_ENV, asset_dir, ensure_assets
 from recipe.one_step_off_async.demo.evaluate import accuracy, generate_responses, read_rows
 from recipe.one_step_off_async.demo.model import init_model
@@ -387,3 +390,53 @@ def test_cli_prints_paths_and_verl_overrides(built, monkeypatch, capsys):
 
 def _must_not_build(out_dir, seed):
     raise AssertionError("ensure_assets rebuilt assets that were already in the cache")
+
+
+# --- the long-tail task -------------------------------------------------------------------------------
+
+
+def test_long_tail_budgets_are_long_tailed_reproducible_and_fit_the_model():
+    budgets = np.array(long_tail.response_budgets(4096, seed=0))
+    assert long_tail.response_budgets(4096, seed=0) == budgets.tolist()
+    median, p99 = np.median(budgets), np.percentile(budgets, 99)
+    assert median == long_tail.MEDIAN_BUDGET and p99 / median >= 8
+    assert budgets.min() >= long_tail.MIN_BUDGET and budgets.max() <= long_tail.MAX_RESPONSE_LENGTH
+    assert build_tokenizer().model_max_length >= long_tail.MAX_PROMPT_LENGTH + long_tail.MAX_RESPONSE_LENGTH
+
+
+def test_long_tail_rows_load_through_verl_naming_their_agent_loop(assets, isolated_hf_datasets_cache):
+    tokenizer = hf_tokenizer(assets.model_dir)
+    config = OmegaConf.create({"max_prompt_length": long_tail.MAX_PROMPT_LENGTH, "filter_overlong_prompts": True})
+    dataset = RLHFDataset(assets.long_tail_val_file, tokenizer, config)
+    assert len(dataset) == long_tail.NUM_VAL
+    row = dataset[0]
+    assert row["agent_name"] == long_tail.AGENT_LOOP_NAME
+    assert row["raw_prompt"][0]["content"].startswith(long_tail.PROMPT_PREFIX)
+    assert row["extra_info"]["response_budget"] >= long_tail.MIN_BUDGET
+    registered = OmegaConf.load(assets.long_tail_agent_loop_config)
+    assert registered[0].name == long_tail.AGENT_LOOP_NAME
+    assert registered[0]._target_.endswith("long_tail_agent_loop.BudgetedAgentLoop")
+
+
+@pytest.mark.parametrize(
+    ("response", "score"), [("aaaa", 1.0), ("aabb", 0.5), ("", 0.0), ("aaaaaaaa", 1.0), ("<|im_end|>ab", 0.25)]
+)
+def test_long_tail_reward_is_the_share_of_the_budget_written_as_the_letter(response, score):
+    extra_info = {"index": 0, "split": "val", "response_budget": 4}
+    assert compute_score(long_tail.DATA_SOURCE, response, "a", extra_info) == score
+
+
+def test_long_tail_agent_loop_generates_exactly_the_budget(monkeypatch):
+    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+    from recipe.one_step_off_async.demo.long_tail_agent_loop import BudgetedAgentLoop
+
+    seen = {}
+
+    async def run(self, sampling_params, **kwargs):
+        seen.update(sampling_params)
+
+    monkeypatch.setattr(SingleTurnAgentLoop, "run", run)
+    loop = BudgetedAgentLoop.__new__(BudgetedAgentLoop)
+    asyncio.run(loop.run({"temperature": 1.0}, extra_info={"response_budget": 37}))
+    assert seen == {"temperature": 1.0, "max_tokens": 37, "ignore_eos": True}

@@ -390,6 +390,33 @@ def ray_shipping_servers(cpu_ray):
     cpu_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+class AbortRecorder:
+    """A replica's server as the pool's shutdown sees it: records the aborts it gets."""
+
+    def __init__(self) -> None:
+        self.aborts = []
+
+    def abort_all_requests(self, reject_request: bool = False) -> None:
+        self.aborts.append(reject_request)
+
+    def recorded(self) -> list:
+        return self.aborts
+
+
+def test_requests_still_on_a_removed_replica_are_aborted_before_it_is_shut_down(ray_shipping_servers):
+    """With partial rollout, a sync does not wait for idle: what still runs on the leaving replica comes back
+    aborted (and its clients resume it on the others) instead of dying with the process."""
+    cpu_ray = ray_shipping_servers
+    h = Harness(cpu_ray, replicas=2)
+    server = cpu_ray.remote(AbortRecorder).options(num_cpus=0).remote()
+    h.replicas[1].servers = [server]
+    h.request(remove=1)
+    h.pool.poll(5)
+    h.pool.before_sync(6)
+    assert cpu_ray.get(server.recorded.remote()) == [True] and h.shut == [1]
+    cpu_ray.kill(server)
+
+
 class Server:
     """A rollout server that answers every request, stamping its weight version."""
 

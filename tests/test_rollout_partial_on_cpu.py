@@ -155,7 +155,7 @@ def test_without_a_limit_the_budget_is_the_response_length_and_an_abort_at_the_b
 
 def test_an_elastic_pool_resends_a_lost_segment_from_the_tokens_already_returned():
     dying = StubServer([(2, 3, True)], die_on_call=2)  # answers the first segment, dies under the second
-    healthy = StubServer([(3, 4, False)])
+    healthy = StubServer([(3, 4, True), (1, 5, False)])  # the lost segment, then one more after a sync
     reports = []
     controller = SimpleNamespace(report_lost=Remote(lambda address, reason: asyncio.sleep(0, reports.append(address))))
     instance, balancer = client(
@@ -165,8 +165,10 @@ def test_an_elastic_pool_resends_a_lost_segment_from_the_tokens_already_returned
 
     assert balancer.removed == ["dying"] and reports == ["dying"]
     assert healthy.calls[0]["prompt_ids"] == [1, 2, 3, 3, 4] and healthy.calls[0]["sampling_params"]["max_tokens"] == 4
-    assert output.token_ids == [3, 4, 5, 6, 7] and output.extra_fields[VERSION_RUNS] == [[3, 2], [4, 3]]
+    assert output.token_ids == [3, 4, 5, 6, 7, 8]
+    assert output.extra_fields[VERSION_RUNS] == [[3, 2], [4, 3], [5, 1]]
     assert output.extra_fields["rollout_replica"] == "healthy"
+    assert output.extra_fields["rollout_regenerated"] == 1  # counted over the segments, not the last one's 0
 
 
 def two_version_batch(runs_per_sample, lengths, recomputed=(0, 0)) -> DataProto:

@@ -6,6 +6,7 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
     model/          tokenizer + Qwen2 weights + generation_config.json (load with from_pretrained)
     train.parquet   4096 rows in verl's RL format
     val.parquet     128 rows, disjoint from train
+    long_tail_{train,val}.parquet, long_tail_agent_loop.yaml   the long-tail task (long_tail.py)
     manifest.json   what was built and the warm start's val accuracy; written last
 
 ``cache_dir`` defaults to ``$ONE_STEP_OFF_ASSETS_DIR``, else ``~/.cache/one_step_off_async``.
@@ -43,6 +44,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from recipe.one_step_off_async.demo import long_tail
 from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
 from recipe.one_step_off_async.demo.model import init_model, save_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
@@ -52,7 +54,7 @@ from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_s
 
 logger = logging.getLogger(__name__)
 
-ASSETS_VERSION = "v2"  # v1: a pre-release build whose tokenizer did not survive save + reload
+ASSETS_VERSION = "v3"  # v1: a tokenizer that did not survive save + reload; v2: no long-tail task
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
@@ -74,6 +76,9 @@ class DemoAssets:
     seed: int
     val_greedy_accuracy: float  # of the warm-started model, measured by the build
     val_sampled_accuracy: float  # same, one sample per prompt at temperature 1
+    long_tail_train_file: str  # the long-tail task (long_tail.py), same model and reward
+    long_tail_val_file: str
+    long_tail_agent_loop_config: str  # actor_rollout_ref.rollout.agent.agent_loop_config_path
 
     def verl_overrides(self) -> list[str]:
         """Hydra overrides of verl's ppo_trainer config that select these assets."""
@@ -143,6 +148,8 @@ def _build(out_dir: Path, seed: int) -> None:
     tokenizer = build_tokenizer()
     problems = split_problems(seed)
     paths = write_splits(problems, out_dir)
+    long_tail_paths = long_tail.write_splits(out_dir, seed)
+    agent_loop_config = long_tail.write_agent_loop_config(out_dir)
     val_rows = read_rows(paths["val"])
     with reproducible_torch():
         model = init_model(tokenizer, seed)
@@ -153,7 +160,14 @@ def _build(out_dir: Path, seed: int) -> None:
     manifest = {
         "version": ASSETS_VERSION,
         "seed": seed,
-        "files": {"model_dir": MODEL_SUBDIR, "train_file": paths["train"].name, "val_file": paths["val"].name},
+        "files": {
+            "model_dir": MODEL_SUBDIR,
+            "train_file": paths["train"].name,
+            "val_file": paths["val"].name,
+            "long_tail_train_file": long_tail_paths["train"].name,
+            "long_tail_val_file": long_tail_paths["val"].name,
+            "long_tail_agent_loop_config": agent_loop_config.name,
+        },
         "val_greedy_accuracy": greedy,
         "val_sampled_accuracy": sampled,
         "build_seconds": round(time.perf_counter() - started, 1),
@@ -191,6 +205,9 @@ def _load(root: Path, seed: int) -> DemoAssets:
         seed=seed,
         val_greedy_accuracy=manifest["val_greedy_accuracy"],
         val_sampled_accuracy=manifest["val_sampled_accuracy"],
+        long_tail_train_file=str(files["long_tail_train_file"]),
+        long_tail_val_file=str(files["long_tail_val_file"]),
+        long_tail_agent_loop_config=str(files["long_tail_agent_loop_config"]),
     )
 
 

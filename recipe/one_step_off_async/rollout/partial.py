@@ -48,8 +48,11 @@ class PartialRolloutClient(LLMServerClient):
     """verl's client, plus: a request aborted by a weight sync is resumed from its tokens so far.
 
     Composes with the elastic client by inheritance (``PartialRolloutClient`` first): each segment then
-    goes through the elastic retry, so a replica lost mid-sample costs that segment only.
+    goes through the elastic retry, so a replica lost mid-sample costs that segment only. The output's
+    ``extra_fields`` are the last segment's, except ``SUMMED_FIELDS``, added up over the segments.
     """
+
+    SUMMED_FIELDS: tuple[str, ...] = ()
 
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
@@ -64,6 +67,7 @@ class PartialRolloutClient(LLMServerClient):
         log_probs: list[float] | None = []
         runs: list[list[int]] = []
         recomputed = 0
+        summed = dict.fromkeys(self.SUMMED_FIELDS, 0)
         while True:
             output = await super().generate(
                 request_id, prompt_ids=prompt_ids + token_ids, sampling_params=sampling_params, **kwargs
@@ -76,6 +80,8 @@ class PartialRolloutClient(LLMServerClient):
             token_ids += output.token_ids
             log_probs = None if log_probs is None or output.log_probs is None else log_probs + output.log_probs
             add_run(runs, output.extra_fields.get("global_steps"), len(output.token_ids))
+            for key in summed:
+                summed[key] += output.extra_fields.get(key, 0)
             if output.stop_reason not in ABORTED or len(token_ids) >= budget:
                 break
             sampling_params[limit_key] = budget - len(token_ids)
@@ -89,6 +95,7 @@ class PartialRolloutClient(LLMServerClient):
             "max_global_steps": max(versions) if known else None,
             VERSION_RUNS: runs,
             RECOMPUTED_PREFILL: recomputed,
+            **summed,
         }
         # Aborted with the budget spent: the request ended by length, as an uninterrupted one would have.
         stop_reason = "length" if output.stop_reason in ABORTED else output.stop_reason

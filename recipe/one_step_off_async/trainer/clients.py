@@ -18,12 +18,14 @@ import ray
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from recipe.one_step_off_async.async_config import AsyncTrainingConfig
-from recipe.one_step_off_async.elastic.client import ElasticLLMServerClient
+from recipe.one_step_off_async.elastic.client import REGENERATED, ElasticLLMServerClient
 from recipe.one_step_off_async.rollout.partial import PartialRolloutClient
 
 
 class ElasticPartialRolloutClient(PartialRolloutClient, ElasticLLMServerClient):
-    """Partial rollout over an elastic pool (see the module docstring)."""
+    """Partial rollout over an elastic pool (see the module docstring); replicas lost count over all segments."""
+
+    SUMMED_FIELDS = (REGENERATED,)
 
 
 def rollout_client(

@@ -6,7 +6,8 @@ and its ``max_num_seqs``) is read once per step; the differences give, over the 
 - ``rollout/slot_occupancy``: mean sequences sampling per engine step / ``max_num_seqs``: how full the
   engines ran, whatever the hardware (1.0: every slot busy every step);
 - ``rollout/busy_tokens_per_s``: tokens sampled per second of engine busy time (idle time excluded);
-- ``rollout/busy_s``: engine busy seconds, summed over servers; ``rollout/prefill_tokens``.
+- ``rollout/busy_s``: engine busy seconds, summed over servers; ``rollout/tokens``, ``rollout/slot_steps``
+  and ``rollout/prefill_tokens``: the sums behind them, so a reader can aggregate over many steps.
 
 Servers without the method (vLLM, SGLang) are skipped: no metric rather than a made-up one; so is a
 server whose process died (the elastic pool accounts for it).
@@ -51,5 +52,7 @@ class EngineStatsReader:
             "rollout/slot_occupancy": total["rows"] / slot_steps if slot_steps else 0.0,
             "rollout/busy_tokens_per_s": total["tokens"] / total["busy_s"] if total["busy_s"] else 0.0,
             "rollout/busy_s": total["busy_s"],
+            "rollout/tokens": total["tokens"],
+            "rollout/slot_steps": slot_steps,  # engine steps x max_num_seqs: occupancy's denominator
             "rollout/prefill_tokens": total["prefill_tokens"],
         }
