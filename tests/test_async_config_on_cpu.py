@@ -150,6 +150,14 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             r"partial_rollout=true with vLLM and .*scheduling_policy='fcfs'.*scheduling_policy=priority",
         ),
         (
+            [*PARTIAL, "actor_rollout_ref.rollout.enable_rollout_routing_replay=true"],
+            r"partial_rollout=true with .*enable_rollout_routing_replay=true: the MoE routing",
+        ),
+        (
+            [*PARTIAL, "actor_rollout_ref.rollout.full_determinism=true"],
+            r"partial_rollout=true with .*full_determinism=true: a run is reproducible only if",
+        ),
+        (
             [*PARTIAL, "actor_rollout_ref.rollout.multi_turn.enable=true"],
             r"partial_rollout=true with actor_rollout_ref.rollout.multi_turn.enable=true",
         ),

@@ -39,19 +39,22 @@ class Remote:
 class StubServer:
     """Answers each call from a script: ``(n_tokens, version, aborted)``; records what it was asked."""
 
-    def __init__(self, script: list[tuple[int, int, bool]], die_on_call: int | None = None) -> None:
-        self.script, self.die_on_call, self.calls = list(script), die_on_call, []
+    def __init__(
+        self, script: list[tuple[int, int, bool]], die_on_call: int | None = None, forever=(0, 0, True)
+    ) -> None:
+        self.script, self.die_on_call, self.calls, self.forever = list(script), die_on_call, [], forever
         self.generate = Remote(self._generate)
 
     async def _generate(self, *, request_id, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
         self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params), **kwargs})
         if self.die_on_call == len(self.calls):
             raise ray.exceptions.ActorDiedError()
-        n_tokens, version, aborted = self.script.pop(0)
+        n_tokens, version, aborted = self.script.pop(0) if self.script else self.forever
         start = len(prompt_ids)
         return TokenOutput(
             token_ids=list(range(start, start + n_tokens)),
-            log_probs=[-(version + 1) / 10] * n_tokens,  # the sampling version shows in its log-probs
+            # The sampling version shows in its log-probs; an abort with no token has none (verl's vLLM server).
+            log_probs=[-(version + 1) / 10] * n_tokens if n_tokens else None,
             stop_reason="aborted" if aborted else "completed",
             extra_fields={"global_steps": version},
         )
@@ -122,7 +125,8 @@ def test_runs_merge_consecutive_tokens_of_one_version():
 
 
 def test_an_aborted_request_resumes_from_its_tokens_with_the_budget_lowered_and_no_sleep(no_fixed_sleep):
-    server = StubServer([(2, 3, True), (0, 3, True), (3, 4, False)])  # aborted, aborted while parked, done
+    # Aborted; aborted while queued (no token, log_probs None, as verl's vLLM server); done.
+    server = StubServer([(2, 3, True), (0, 3, True), (3, 4, False)])
     instance, _ = client(servers={"a": server})
     output = generate(instance, priority=7, max_tokens=6, temperature=1.0, logprobs=True)
 
@@ -140,12 +144,26 @@ def test_an_aborted_request_resumes_from_its_tokens_with_the_budget_lowered_and_
     assert fields[RECOMPUTED_PREFILL] == 5 + 5  # two resubmissions of the 5-token prefix
 
 
+def test_a_replica_that_aborts_without_progress_is_retried_with_backoff_then_named(monkeypatch):
+    slept = []
+
+    async def sleep(delay, *args, **kwargs):
+        slept.append(delay)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    server = StubServer([(2, 1, True)])  # then zero-token aborts forever: a replica that never resumes
+    with pytest.raises(RuntimeError, match=r"Request r0 was aborted 30 times in a row without a new token \(2 of 6"):
+        generate(client(servers={"a": server})[0], max_tokens=6)
+    assert len(server.calls) == 1 + 30
+    assert slept[0] == pytest.approx(0.01) and slept[-1] == 1.0 and len(slept) == 28  # none after the first
+
+
 def test_without_a_limit_the_budget_is_the_response_length_and_an_abort_at_the_budget_ends_by_length():
     server = StubServer([(5, 1, True), (3, 2, True)])
     instance, _ = client(servers={"a": server})
     output = generate(instance)
     assert [call["sampling_params"]["max_tokens"] for call in server.calls] == [RESPONSE_LENGTH, 3]
-    assert len(output.token_ids) == RESPONSE_LENGTH and output.stop_reason == "length"
+    assert len(output.token_ids) == RESPONSE_LENGTH and output.stop_reason == "completed"
     assert output.extra_fields[VERSION_RUNS] == [[1, 5], [2, 3]]
 
     server = StubServer([(1, 1, True), (2, 2, False)])

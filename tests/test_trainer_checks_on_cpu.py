@@ -3,6 +3,8 @@ the pipeline's finished generation (``Replayed``): what verl adds to a batch sti
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from verl import DataProto
 
 from recipe.one_step_off_async.errors import OffPolicyCorrectionError, RewardError, WeightVersionError
 from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards, measured_weight_version
+from recipe.one_step_off_async.trainer.engine_stats import EngineStatsReader
 from recipe.one_step_off_async.trainer.replay import Replayed
 
 
@@ -77,3 +80,32 @@ def test_the_actor_gets_what_verls_generation_step_adds_to_a_batch():
         assert len(trained.meta_info["global_token_num"]) == len(trained)
         assert trained.meta_info["temperature"] == trainer.config.actor_rollout_ref.rollout.temperature
         assert "response_mask" in trained.batch.keys()
+
+
+class StatsServer:
+    """A rollout server handle as ``EngineStatsReader`` sees it: ``engine_stats.remote()`` gives its counters."""
+
+    def __init__(self, ray, **counters) -> None:
+        self.ray, self.counters = ray, {"steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0, "busy_s": 0.0}
+        self.counters |= {"max_num_seqs": 4, **counters}
+        self.engine_stats = SimpleNamespace(remote=lambda: self.ray.put(dict(self.counters)))
+
+    def advance(self, steps: int, rows: int, busy_s: float) -> None:
+        for key, value in (("steps", steps), ("rows", rows), ("tokens", rows), ("busy_s", busy_s)):
+            self.counters[key] += value
+
+
+def test_engine_stats_are_per_step_differences_summed_over_the_servers_that_report_them(cpu_ray):
+    first, second = StatsServer(cpu_ray), StatsServer(cpu_ray, max_num_seqs=8)
+    servers = [first, second, object()]  # the last one reports nothing (a vLLM server)
+    reader = EngineStatsReader(lambda: servers)
+    first.advance(steps=10, rows=20, busy_s=0.5)
+    second.advance(steps=10, rows=40, busy_s=0.5)
+    metrics = reader.metrics()
+    assert metrics["rollout/slot_occupancy"] == pytest.approx(60 / (10 * 4 + 10 * 8))
+    assert metrics["rollout/busy_tokens_per_s"] == pytest.approx(60 / 1.0)
+    first.advance(steps=5, rows=20, busy_s=0.25)
+    servers.remove(second)  # a replica left the pool
+    metrics = reader.metrics()
+    assert metrics["rollout/slot_occupancy"] == 1.0 and metrics["rollout/tokens"] == 20
+    assert reader.metrics()["rollout/slot_steps"] == 0  # nothing happened since

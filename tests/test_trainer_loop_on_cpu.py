@@ -274,3 +274,29 @@ def test_partial_rollout_fails_naming_the_sample_with_a_token_outside_the_contra
     trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout, skip_version=1))
     with pytest.raises(WeightVersionError, match=r"Sample 0 of the batch for step 3 .*outside \[v1, v2\]"):
         trainer.fit()
+
+
+def test_partial_rollout_bounds_follow_sync_interval_validation_and_checkpoint_syncs():
+    from recipe.one_step_off_async.trainer.pipeline import expected_weight_version
+
+    steps, staleness = 8, 2
+    trainer, _ = run(
+        staleness,
+        steps,
+        *PARTIAL,
+        "async_training.sync_interval=3",
+        "trainer.test_freq=4",
+        "trainer.save_freq=5",
+        partial=True,
+        seconds=0.2,
+    )
+
+    def syncs_at(j: int) -> bool:
+        return j % 3 == 0 or j % 4 == 0 or j % 5 == 0 or j >= steps
+
+    for step, metrics in enumerate(trainer.logged_metrics, start=1):
+        oldest = expected_weight_version(step, staleness, 0, syncs_at)
+        newest = expected_weight_version(step, 0, 0, syncs_at)
+        # The stub samples a batch's first token with the version of its launch: exactly the oldest bound.
+        assert metrics["async/staleness_max"] == step - 1 - oldest, f"step {step}"
+        assert metrics["async/staleness_min"] >= step - 1 - newest, f"step {step}"

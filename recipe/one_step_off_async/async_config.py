@@ -118,8 +118,9 @@ class AsyncTrainingConfig:
         metadata={
             "help": "The batches in flight generate concurrently (oldest first) and a weight sync interrupts the "
             "running requests instead of waiting for the rollout to go idle; they continue under the new weights "
-            "(prompt + tokens so far). Every token of the batch of step k is then sampled by a version in "
-            "[k-1-staleness, k-1], each stamped with its version. false: a sync waits for idle, one version per batch."
+            "(prompt + tokens so far). Every token of the batch of step k is then sampled by a version between the "
+            "one the default mode gives the batch (v_{k-1-staleness} with sync_interval 1) and v_{k-1}, each stamped "
+            "with its version. false: a sync waits for idle, one version per batch."
         },
     )
     one_gpu: bool = field(
@@ -376,6 +377,17 @@ def _check_partial_rollout(async_config: AsyncTrainingConfig, config: DictConfig
         f"{key} with vLLM and actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: the "
         "batches in flight share the engine and the oldest must run first. Set "
         "actor_rollout_ref.rollout.scheduling_policy=priority.",
+    )
+    _require(
+        not rollout.get("enable_rollout_routing_replay", False),
+        f"{key} with actor_rollout_ref.rollout.enable_rollout_routing_replay=true: the MoE routing of a request "
+        "resumed under new weights is not carried across its segments. Use one of the two.",
+    )
+    _require(
+        not rollout.get("full_determinism", False),
+        f"{key} with actor_rollout_ref.rollout.full_determinism=true: a run is reproducible only if every request "
+        "sees the same weights, and here a sync interrupts requests at a point that depends on timing. Use one "
+        "of the two.",
     )
     _require(
         not OmegaConf.select(config, "actor_rollout_ref.rollout.multi_turn.enable", default=False),

@@ -6,9 +6,10 @@ batch fails. ``ElasticLLMServerClient`` (handed to verl's ``AgentLoopManager`` b
 elastic mode) catches exactly that error (``ActorDiedError``: the process is gone, not merely
 unreachable), takes the replica out of the load balancer (so no other
 request is routed there), reports it to the job's ``RolloutPoolController`` and sends the same
-request again; the load balancer picks a surviving replica. Weights only move between
-generations (the pipeline drains before every sync), so every replica holds the same version
-and a regenerated request is generated with the version its batch was due.
+request again; the load balancer picks a surviving replica. In the default mode weights only move
+between generations (the pipeline drains before every sync), so every replica holds the same version
+and a regenerated request is generated with the version its batch was due; with partial rollout the
+resent segment continues from the tokens already returned, under the version the replicas hold then.
 
 Each output is stamped with the replica that produced it (``rollout_replica``) and the number of
 attempts lost with a replica (``rollout_regenerated``); verl's agent loop carries both into the

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import time
 from collections import Counter
@@ -215,7 +216,8 @@ class ElasticRolloutPool:
         self._require_min_replicas(step)
 
     def before_sync(self, step: int) -> None:
-        """At a sync step, no generation running: drop the dead, shut the leaving, enrol the joining."""
+        """At a sync step (no generation running, or with partial rollout about to be interrupted): drop the
+        dead, shut the leaving, enrol the joining."""
         self._take_lost(step)
         dead = self._drop_dead(step, "found dead before the weight sync", also=[r for r, _ in self._joining])
         for replica, request_id in [entry for entry in self._joining if entry[0].replica_rank in dead]:
@@ -226,14 +228,22 @@ class ElasticRolloutPool:
             self._done(request_id, reason, failed=True)
         self._require_min_replicas(step)
         for replica, request_id in self._leaving:
-            # With partial rollout, requests routed to it before it left may still run: abort them (their
-            # clients resume them on the replicas left, from their tokens so far) rather than kill them.
-            ray.get([server.abort_all_requests.remote(reject_request=True) for server in replica.servers])
+            self._abort_requests_on(replica)
             self._shut_down(replica)
             self._done(request_id, f"replica {replica.replica_rank} shut down at step {step}")
         self._leaving = []
         if self._joining:
             self._checkpoints.add_replicas([replica for replica, _ in self._joining])
+
+    def _abort_requests_on(self, replica: RolloutReplica) -> None:
+        """With partial rollout, requests routed to a leaving replica may still run at its shutdown: abort them,
+        so their clients resume them on the replicas left from their tokens so far, instead of losing them with
+        the process. Bounded by ``silent_timeout_s``; a server that is gone or does not answer is just killed."""
+        aborts = [server.abort_all_requests.remote(reject_request=True) for server in replica.servers]
+        done, _ = ray.wait(aborts, num_returns=len(aborts), timeout=self.settings.silent_timeout_s)
+        for ref in done:
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                ray.get(ref)
 
     def after_sync(self, step: int) -> None:
         """Right after the sync that gave them the weights, joining replicas start taking requests."""

@@ -23,6 +23,7 @@ key itself and chooses the client from it).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from verl.utils.tokenizer import normalize_token_ids
@@ -32,6 +33,10 @@ from verl.workers.rollout.replica import TokenOutput
 VERSION_RUNS = "weight_version_runs"
 RECOMPUTED_PREFILL = "recomputed_prefill_tokens"
 ABORTED = ("aborted", "abort")
+# An abort that returns no token (the request waited in a queue, or reached a replica turning requests away)
+# is resent at once; from the second in a row on, after a backoff (10 ms, doubling, at most 1 s); this many
+# in a row fail the request: a replica that aborts everything and never resumes would otherwise spin it.
+MAX_ABORTS_WITHOUT_PROGRESS = 30
 
 
 def add_run(runs: list[list[int]], version: int, n_tokens: int) -> None:
@@ -66,7 +71,8 @@ class PartialRolloutClient(LLMServerClient):
         token_ids: list[int] = []
         log_probs: list[float] | None = []
         runs: list[list[int]] = []
-        recomputed = 0
+        recomputed = num_preempted = without_progress = 0
+        num_cached_tokens = None
         summed = dict.fromkeys(self.SUMMED_FIELDS, 0)
         while True:
             output = await super().generate(
@@ -77,13 +83,26 @@ class PartialRolloutClient(LLMServerClient):
                     "partial rollout does not carry MoE routing replay (routed_experts) across segments; "
                     "set async_training.partial_rollout=false with router replay"
                 )
+            if output.token_ids:  # an abort with no token may carry log_probs=None (verl's vLLM server)
+                log_probs = None if log_probs is None or output.log_probs is None else log_probs + output.log_probs
             token_ids += output.token_ids
-            log_probs = None if log_probs is None or output.log_probs is None else log_probs + output.log_probs
             add_run(runs, output.extra_fields.get("global_steps"), len(output.token_ids))
+            num_preempted += output.num_preempted or 0
+            if num_cached_tokens is None:  # the first prefill's prefix-cache hits, as for one request
+                num_cached_tokens = output.extra_fields.get("num_cached_tokens")
             for key in summed:
                 summed[key] += output.extra_fields.get(key, 0)
             if output.stop_reason not in ABORTED or len(token_ids) >= budget:
                 break
+            without_progress = 0 if output.token_ids else without_progress + 1
+            if without_progress >= MAX_ABORTS_WITHOUT_PROGRESS:
+                raise RuntimeError(
+                    f"Request {request_id} was aborted {without_progress} times in a row without a new token "
+                    f"({len(token_ids)} of {budget} generated): the rollout replicas abort requests and never "
+                    "resume generation; check their logs (a failed weight sync leaves them paused)."
+                )
+            if without_progress >= 2:
+                await asyncio.sleep(min(1.0, 0.01 * 2 ** (without_progress - 2)))
             sampling_params[limit_key] = budget - len(token_ids)
             recomputed += len(prompt_ids) + len(token_ids)  # what the next segment prefills again
 
@@ -95,14 +114,15 @@ class PartialRolloutClient(LLMServerClient):
             "max_global_steps": max(versions) if known else None,
             VERSION_RUNS: runs,
             RECOMPUTED_PREFILL: recomputed,
+            "num_cached_tokens": num_cached_tokens,
             **summed,
         }
-        # Aborted with the budget spent: the request ended by length, as an uninterrupted one would have.
-        stop_reason = "length" if output.stop_reason in ABORTED else output.stop_reason
+        # Aborted exactly when the budget ran out: it stopped by length (servers report "completed" for that).
+        stop_reason = "completed" if output.stop_reason in ABORTED else output.stop_reason
         return TokenOutput(
             token_ids=token_ids,
             log_probs=log_probs,
             stop_reason=stop_reason,
-            num_preempted=output.num_preempted,
+            num_preempted=num_preempted,
             extra_fields=extra_fields,
         )

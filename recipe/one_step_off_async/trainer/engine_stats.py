@@ -10,7 +10,8 @@ and its ``max_num_seqs``) is read once per step; the differences give, over the 
   and ``rollout/prefill_tokens``: the sums behind them, so a reader can aggregate over many steps.
 
 Servers without the method (vLLM, SGLang) are skipped: no metric rather than a made-up one; so is a
-server whose process died (the elastic pool accounts for it).
+server whose process died or that does not answer within ``READ_TIMEOUT_S`` (the read never holds up
+the trainer for longer).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from collections.abc import Callable, Iterable
 import ray
 
 COUNTERS = ("steps", "rows", "tokens", "prefill_tokens", "busy_s")
+# The servers answer between two engine steps (milliseconds); a server silent this long is left out of the
+# step's metrics rather than let the trainer wait on it (the elastic pool's probe deals with hung replicas).
+READ_TIMEOUT_S = 10.0
 
 
 class EngineStatsReader:
@@ -34,15 +38,19 @@ class EngineStatsReader:
         if not readers:
             return {}
         refs = [method.remote() for _, method in readers]
+        answered, _ = ray.wait(refs, num_returns=len(refs), timeout=READ_TIMEOUT_S)
         total = dict.fromkeys(COUNTERS, 0.0)
         slot_steps = 0.0
+        last, self._last = self._last, {}  # handles of replicas gone from the pool are forgotten
         for (handle, _), ref in zip(readers, refs, strict=True):
+            before = last.get(handle, dict.fromkeys(COUNTERS, 0.0))
+            if ref not in answered:  # busy past the bound: its work counts in the next step it answers
+                self._last[handle] = before
+                continue
             try:
                 now = ray.get(ref)
             except ray.exceptions.RayActorError:  # a replica lost this step: the elastic pool deals with it
-                self._last.pop(handle, None)
                 continue
-            before = self._last.get(handle, dict.fromkeys(COUNTERS, 0.0))
             delta = {key: now[key] - before[key] for key in COUNTERS}
             for key in COUNTERS:
                 total[key] += delta[key]

@@ -162,8 +162,10 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         gen_batch.meta_info["global_steps"] = step
         gen_batch = gen_batch.repeat(repeat_times=self.config.actor_rollout_ref.rollout.n, interleave=True)
         if self.async_config.partial_rollout:
-            # The batches in flight share the replicas: the older one first (lower is earlier, as in vLLM).
-            gen_batch.non_tensor_batch["priority"] = np.full(len(gen_batch), step, dtype=np.int64)
+            # The batches in flight share the replicas: the older one first (lower is earlier, as in vLLM);
+            # unique per sample, as verl's own arange (single_turn_agent_loop builds request ids from it).
+            size = len(gen_batch)
+            gen_batch.non_tensor_batch["priority"] = step * size + np.arange(size, dtype=np.int64)
         return batch, gen_batch
 
     def _fit_get_batch(self, in_flight: InFlightBatch) -> InFlightBatch:

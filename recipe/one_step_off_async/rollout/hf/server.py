@@ -17,6 +17,9 @@ Semantics worth knowing (same contract as verl's vLLM server):
   return ``stop_reason="aborted"`` with the tokens generated so far. Requests arriving while the
   gate is closed wait for ``resume_generation`` (or are turned away as aborted with
   ``reject_request=True``). verl's ``CheckpointEngineManager`` aborts before every weight sync.
+- ``engine_stats`` returns the engine's cumulative step counters (``EngineStats``: steps, rows, tokens,
+  prefill tokens, busy seconds), which the trainer turns into per-step slot occupancy and busy-time
+  throughput (``trainer/engine_stats.py``).
 - Every output carries ``extra_fields["global_steps"]``: the weight version all of its tokens were
   generated with (None until the first sync). ``rollout_log_probs`` are ``log_softmax(logits / T)``
   of the sampled tokens, what verl's actor computes for ``old_log_probs`` at the same temperature.
@@ -197,6 +200,7 @@ class HFRolloutServer(CheckpointEngineWorker):
         self._admission_open = asyncio.Event()
         self._admission_open.set()
         self._reject_while_closed = False
+        self._generating = 0  # generate calls submitted to the engine and not returned yet
 
     async def launch_server(self) -> str:
         """Start the engine loop; return this server's address (a label: there is no HTTP endpoint)."""
@@ -231,7 +235,12 @@ class HFRolloutServer(CheckpointEngineWorker):
                 )
             await self._admission_open.wait()
         # No await between the gate check and submit(): an abort cannot slip in between.
-        result = await self.engine.submit(prompt_ids, params)
+        future = self.engine.submit(prompt_ids, params)
+        self._generating += 1
+        try:
+            result = await future
+        finally:
+            self._generating -= 1
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs if return_log_probs else None,
@@ -248,7 +257,12 @@ class HFRolloutServer(CheckpointEngineWorker):
         """
         self._reject_while_closed = reject_request
         self._admission_open.clear()
-        return {"aborted_count": await self.engine.abort_all()}
+        aborted = await self.engine.abort_all()
+        # Let the aborted generate calls hand back their tokens before this returns: the replica may be
+        # shut down right after (a leaving elastic replica), and a reply not sent by then would be lost.
+        while self._generating:
+            await asyncio.sleep(0)
+        return {"aborted_count": aborted}
 
     async def resume_generation(self) -> None:
         """Reopen admission after ``abort_all_requests``; held requests start now."""
