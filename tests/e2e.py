@@ -38,7 +38,12 @@ LOSS_SIGNATURES = {
 ONE_STEP_OFF_LOSS = "topr"  # the shared run (conftest.one_step_off_run, test_e2e_main_on_cpu.py)
 RESUME_LOSS = "kimi15"  # the resume chain (test_e2e_faults_on_cpu.py)
 KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_e2e_elastic_on_cpu.py
-CHECKPOINT_ENGINE = ("actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",)
+
+
+def checkpoint_engine(weights_dir) -> tuple[str, ...]:
+    """Overrides that move weights through files in ``weights_dir`` (the ``checkpoint`` engine)."""
+    engine = "actor_rollout_ref.rollout.checkpoint_engine"
+    return (f"{engine}.backend=checkpoint", f"+{engine}.engine_kwargs.checkpoint.dir={weights_dir}")
 
 
 def loss_overrides(loss: str) -> tuple[str, ...]:

@@ -24,12 +24,12 @@ from collections import Counter
 
 import pytest
 from e2e import (
-    CHECKPOINT_ENGINE,
     JOIN_RUN_LOSS,
     KILL_RUN_LOSS,
     STEPS,
     assert_loss_ran,
     assert_trained_with_staleness,
+    checkpoint_engine,
     contract_version,
     loss_overrides,
     run_main,
@@ -61,8 +61,7 @@ def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path
         f"trainer.total_training_steps={STEPS}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        *CHECKPOINT_ENGINE,
-        f"+{CHECKPOINT_ENGINE[0].split('.backend')[0]}.engine_kwargs.checkpoint.dir={weights}",
+        *checkpoint_engine(weights),
         *loss_overrides(KILL_RUN_LOSS),
         *ELASTIC,
         "actor_rollout_ref.rollout.n_gpus_per_node=2",

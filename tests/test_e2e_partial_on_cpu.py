@@ -7,8 +7,9 @@ Two launches (about a minute each on 2 cores), on ``one_step_off_ppo_cpu_long_ta
   first batches generate (agent-loop call 26: 9 requests of batch 2 and the long tail of batch 1 are
   running), a checkpoint at step 3. The run finishes; every step trains its dataloader batch, the trainer
   checked every token's version against [k-1-s, k-1]; some samples span versions;
-- resumed from that step-3 checkpoint by path: steps 4-6 train the same prompts as the first run (the
-  batches in flight at the checkpoint are regenerated from their prompts), within the same bounds.
+- resumed from that step-3 checkpoint by path, weights moving through files (the ``checkpoint`` engine, the
+  other weight-sync backend partial rollout supports on CPU): steps 4-6 train the same prompts as the first
+  run (the batches in flight at the checkpoint are regenerated from their prompts), within the same bounds.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from e2e import contract_version, run_main
+from e2e import checkpoint_engine, contract_version, run_main
 from faults import failing_generation
 
 pytestmark = pytest.mark.e2e
@@ -81,8 +82,9 @@ def test_partial_run_spans_versions_within_the_contract_and_survives_a_lost_repl
 def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(partial_run, tmp_path):
     checkpoint = partial_run.directory / "checkpoints" / f"global_step_{SAVED_AT}"
     resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
-    resumed = run_main(tmp_path, *PARTIAL, *resume, profile=PROFILE)
+    resumed = run_main(tmp_path, *PARTIAL, *resume, *checkpoint_engine(tmp_path / "weights"), profile=PROFILE)
     assert resumed.returncode == 0, resumed.output[-5000:]
     assert_tokens_within_the_contract(resumed.metrics, range(SAVED_AT + 1, STEPS + 1), start=SAVED_AT)
+    assert all(values["checkpoint_engine/files"] >= 1 for values in resumed.metrics.values())
     for step in range(SAVED_AT + 1, STEPS + 1):
         assert Counter(resumed.prompts(step)) == Counter(partial_run.prompts(step)), f"step {step}"
