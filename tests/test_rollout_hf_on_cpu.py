@@ -31,6 +31,7 @@ from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_cla
 from verl_actor import actor_group, log_probs, update_actor
 
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
+from recipe.one_step_off_async.rollout.hf import engine as engine_module
 from recipe.one_step_off_async.rollout.hf.engine import (
     FinishReason,
     GenerationEngine,
@@ -142,9 +143,12 @@ SAMPLING_MIX = [
 ]
 
 
-def test_continuous_batching_reports_the_log_probs_of_an_unpadded_forward(model):
+@pytest.mark.parametrize("headroom", [engine_module.KV_CACHE_HEADROOM, 1], ids=["kv-headroom", "kv-buffers-regrown"])
+def test_continuous_batching_reports_the_log_probs_of_an_unpadded_forward(model, headroom, monkeypatch):
     """Requests join the running batch at different steps (left-padded caches of different lengths,
-    rows leaving as they finish); every token's log-prob still equals a plain forward's."""
+    rows leaving as they finish, KV buffers regrown as they fill); every token's log-prob still equals
+    a plain forward's."""
+    monkeypatch.setattr(engine_module, "KV_CACHE_HEADROOM", headroom)
     prompts = random_prompts(16, seed=1)
     params = [SAMPLING_MIX[i % len(SAMPLING_MIX)] for i in range(len(prompts))]
     peak_running = 0

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
 
 
 class FinishReason(enum.Enum):
@@ -166,6 +167,63 @@ def _sample_top_k_top_p(
     return sorted_ids.gather(-1, choice).squeeze(-1)
 
 
+KV_CACHE_HEADROOM = 64  # spare columns of a new KV buffer, before it doubles
+
+
+class _GrowingLayer(DynamicLayer):
+    """One attention layer's KV cache, written in place into a buffer with room to grow.
+
+    transformers' ``DynamicLayer`` concatenates each step's keys and values onto the cache, a copy of
+    the whole cache per decode step (about 40% of a 16-row step at 400 tokens of context); this layer
+    writes them into spare columns and doubles the buffer when it is full. ``keys`` and ``values`` are
+    views of the filled columns, so the model reads exactly what ``DynamicLayer`` would hold.
+    """
+
+    @classmethod
+    def holding(cls, keys: torch.Tensor, values: torch.Tensor) -> _GrowingLayer:
+        layer = cls()
+        layer.update(keys, values)
+        return layer
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._key_buffer = key_states.new_empty(*key_states.shape[:2], 0, key_states.shape[3])
+        self._value_buffer = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[3])
+        self.keys, self.values = self._key_buffer, self._value_buffer
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            capacity = max(2 * self._key_buffer.shape[-2], end + KV_CACHE_HEADROOM)
+            self._key_buffer = _with_columns(self.keys, capacity)
+            self._value_buffer = _with_columns(self.values, capacity)
+        self._key_buffer[..., start:end, :] = key_states
+        self._value_buffer[..., start:end, :] = value_states
+        self.keys = self._key_buffer[..., :end, :]
+        self.values = self._value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+def _with_columns(filled: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A [B, H, capacity, D] buffer starting with ``filled`` [B, H, L, D]."""
+    buffer = filled.new_empty(*filled.shape[:2], capacity, filled.shape[3])
+    buffer[..., : filled.shape[-2], :] = filled
+    return buffer
+
+
+def _kv_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> Cache:
+    """A KV cache of ``_GrowingLayer`` s holding ``layers`` ((keys, values) per layer), or empty."""
+    if not layers:
+        return Cache(layer_class_to_replicate=_GrowingLayer)
+    return Cache(layers=[_GrowingLayer.holding(keys, values) for keys, values in layers])
+
+
 class _Batch:
     """Running sequences sharing one KV cache; row i of every tensor belongs to ``seqs[i]``.
 
@@ -174,7 +232,7 @@ class _Batch:
     the summation order inside attention.
     """
 
-    def __init__(self, seqs: list[_Sequence], cache: DynamicCache, attention_mask: torch.Tensor) -> None:
+    def __init__(self, seqs: list[_Sequence], cache: Cache, attention_mask: torch.Tensor) -> None:
         self.seqs = seqs
         self.cache = cache
         self.attention_mask = attention_mask
@@ -195,7 +253,7 @@ class _Batch:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=DynamicCache(),
+            past_key_values=_kv_cache(),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -234,7 +292,7 @@ class _Batch:
         lead = int(mask.any(dim=0).int().argmax())
         kept = _Batch(
             [self.seqs[row] for row in keep],
-            DynamicCache(ddp_cache_data=[(k[rows, :, lead:], v[rows, :, lead:]) for k, v, _ in self.cache]),
+            _kv_cache([(layer.keys[rows, :, lead:], layer.values[rows, :, lead:]) for layer in self.cache.layers]),
             mask[:, lead:],
         )
         kept.next_input_ids = self.next_input_ids[rows]
@@ -249,12 +307,12 @@ class _Batch:
             return t if missing == 0 else F.pad(t, (0, 0) * (t.dim() - 1 - seq_dim) + (missing, 0))
 
         layers = [
-            (torch.cat([pad(k1, 2), pad(k2, 2)]), torch.cat([pad(v1, 2), pad(v2, 2)]))
-            for (k1, v1, _), (k2, v2, _) in zip(self.cache, other.cache, strict=True)
+            (torch.cat([pad(a.keys, 2), pad(b.keys, 2)]), torch.cat([pad(a.values, 2), pad(b.values, 2)]))
+            for a, b in zip(self.cache.layers, other.cache.layers, strict=True)
         ]
         merged = _Batch(
             self.seqs + other.seqs,
-            DynamicCache(ddp_cache_data=layers),
+            _kv_cache(layers),
             torch.cat([pad(self.attention_mask, 1), pad(other.attention_mask, 1)]),
         )
         merged.next_input_ids = torch.cat([self.next_input_ids, other.next_input_ids])
@@ -264,7 +322,7 @@ class _Batch:
 def check_supported_model(model: PreTrainedModel) -> None:
     """Raise unless ``model`` is a decoder whose layers all attend to the full context.
 
-    The engine left-pads one shared ``DynamicCache``; sliding-window or linear-attention layers
+    The engine left-pads one shared full-attention KV cache; sliding-window or linear-attention layers
     keep a different cache layout that this padding would corrupt.
     """
     layer_types = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
