@@ -188,6 +188,23 @@ def test_greedy_generation_matches_hf_generate(model):
         assert result.token_ids == expected.tolist()
 
 
+def test_queued_requests_start_lowest_priority_first_then_in_arrival_order(model):
+    """Partial rollout gives each request its batch's step as priority: the oldest batch is admitted first."""
+    priorities = [2, 0, 1, 0, 2]
+    started: list[int] = []
+
+    async def scenario(engine: GenerationEngine) -> None:
+        futures = [
+            engine.submit([5, 6, 7], SamplingParams(max_tokens=2, temperature=0.0), priority=p) for p in priorities
+        ]
+        for request, future in enumerate(futures):
+            future.add_done_callback(lambda _, request=request: started.append(request))
+        await asyncio.gather(*futures)
+
+    run_engine(model, scenario, max_num_seqs=1)  # one at a time: finishing order is admission order
+    assert started == [1, 3, 2, 0, 4]
+
+
 def test_sequences_stop_at_a_stop_token_or_max_tokens(model):
     prompt = random_prompts(1, seed=3)[0]
 

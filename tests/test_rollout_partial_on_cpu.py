@@ -77,8 +77,8 @@ class StubBalancer:
         return list(self.servers)
 
 
-def client(cls=PartialRolloutClient, servers: dict[str, StubServer] | None = None, **kwargs):
-    rollout = SimpleNamespace(name="vllm", response_length=RESPONSE_LENGTH, full_determinism=False)
+def client(cls=PartialRolloutClient, servers: dict[str, StubServer] | None = None, rollout_name="vllm", **kwargs):
+    rollout = SimpleNamespace(name=rollout_name, response_length=RESPONSE_LENGTH, full_determinism=False)
     config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout))
     balancer = StubBalancer(servers or {})
     instance = cls(config, balancer, **kwargs)
@@ -115,6 +115,17 @@ def no_fixed_sleep(monkeypatch):
         return await real_sleep(delay, *args, **kwargs)
 
     monkeypatch.setattr(asyncio, "sleep", sleep)
+
+
+@pytest.mark.parametrize(("rollout_name", "received_as"), [("vllm", "priority"), ("hf", "scheduling_priority")])
+def test_every_segment_carries_the_request_priority_to_the_server(rollout_name, received_as):
+    """The oldest batch first, after a sync too: verl's client forwards ``priority`` to vLLM servers only,
+    so the hf server receives it by the name its ``generate`` takes."""
+    server = StubServer([(3, 1, True), (5, 2, False)])
+    instance, _ = client(servers={"a": server}, rollout_name=rollout_name)
+    generate(instance, priority=7, max_tokens=RESPONSE_LENGTH)
+    assert [call.get(received_as) for call in server.calls] == [7, 7]
+    assert all(set(call) & {"priority", "scheduling_priority"} == {received_as} for call in server.calls)
 
 
 def test_runs_merge_consecutive_tokens_of_one_version():

@@ -63,6 +63,9 @@ class PartialRolloutClient(LLMServerClient):
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
         prompt_ids = normalize_token_ids(prompt_ids)
+        if "priority" in kwargs and self.config.actor_rollout_ref.rollout.name == "hf":
+            # verl's client forwards `priority` (oldest batch first) to vLLM only; the hf server takes it so.
+            kwargs["scheduling_priority"] = int(kwargs.pop("priority"))
         sampling_params = dict(sampling_params)  # the budget is rewritten per segment; the caller reuses its dict
         limit_key = "max_new_tokens" if "max_new_tokens" in sampling_params else "max_tokens"
         budget = sampling_params.get(limit_key) or self.config.actor_rollout_ref.rollout.response_length

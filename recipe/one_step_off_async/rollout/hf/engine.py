@@ -2,9 +2,9 @@
 
 What: ``GenerationEngine`` serves many concurrent ``submit()`` calls from one model. Every engine
 step runs one decode forward for all running sequences (one KV cache, rows left-padded to a common
-length) and one prefill forward for the requests admitted at that step, whose rows then join the
-running batch; finished rows leave it after the step. So admission is per step (continuous
-batching), not per batch. Each sampled token comes with its log-prob under the model's full
+length) and one prefill forward for the requests admitted at that step (lowest ``priority`` first),
+whose rows then join the running batch; finished rows leave it after the step. So admission is per
+step (continuous batching), not per batch. Each sampled token comes with its log-prob under the model's full
 distribution at the request's temperature, ``log_softmax(logits / T)`` in fp32 from the same
 forward (greedy, ``T = 0``, reports ``T = 1``): what verl's actor computes for ``old_log_probs``
 (``logits / temperature``, then ``log_softmax``). Top-k / top-p truncate the sampling only; they are
@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
+import itertools
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -224,6 +225,39 @@ def _kv_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> Cache
     return Cache(layers=[_GrowingLayer.holding(keys, values) for keys, values in layers])
 
 
+class _WaitingQueue:
+    """Queued requests, admitted lowest ``priority`` first and first come, first served within one.
+
+    vLLM's ``scheduling_policy=priority`` order: partial rollout gives each request its batch's step,
+    so after a sync the oldest batch's resumed requests are admitted before a newer batch's.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, _Sequence]] = []
+        self._arrivals = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, seq: _Sequence, priority: int) -> None:
+        heapq.heappush(self._heap, (priority, next(self._arrivals), seq))
+
+    def peek(self) -> _Sequence:
+        return self._heap[0][2]
+
+    def pop(self) -> _Sequence:
+        return heapq.heappop(self._heap)[2]
+
+    def drain(self) -> list[_Sequence]:
+        """Remove and return every queued request."""
+        seqs = [seq for _, _, seq in self._heap]
+        self._heap.clear()
+        return seqs
+
+    def __iter__(self) -> Iterator[_Sequence]:
+        return (seq for _, _, seq in self._heap)
+
+
 class _Batch:
     """Running sequences sharing one KV cache; row i of every tensor belongs to ``seqs[i]``.
 
@@ -355,7 +389,7 @@ class GenerationEngine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.weight_version: int | None = None
         self._generator = torch.Generator().manual_seed(seed)
-        self._waiting: deque[_Sequence] = deque()
+        self._waiting = _WaitingQueue()
         self._batch: _Batch | None = None
         # Held for a whole step; abort_all() and update_weights() take it, so they act between steps.
         self._step_lock = asyncio.Lock()
@@ -385,8 +419,13 @@ class GenerationEngine:
     def num_running(self) -> int:
         return 0 if self._batch is None else len(self._batch.seqs)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> asyncio.Future[GenerationResult]:
-        """Queue one request; the future resolves when it finishes or is aborted."""
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> asyncio.Future[GenerationResult]:
+        """Queue one request; the future resolves when it finishes or is aborted.
+
+        Queued requests are admitted lowest ``priority`` first, in arrival order within a priority.
+        """
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("the generation engine is not running: call start() in the serving event loop first")
         if not prompt_ids:
@@ -402,15 +441,14 @@ class GenerationEngine:
                 "a successful weight sync must come first"
             ) from self._failed_update
         seq = _Sequence(list(prompt_ids), params, asyncio.get_running_loop().create_future())
-        self._waiting.append(seq)
+        self._waiting.push(seq, priority)
         self._work.set()
         return seq.future
 
     async def abort_all(self) -> int:
         """Abort every queued and running request between two steps; return how many were aborted."""
         async with self._step_lock:
-            aborted = list(self._waiting) + ([] if self._batch is None else self._batch.seqs)
-            self._waiting.clear()
+            aborted = self._waiting.drain() + ([] if self._batch is None else self._batch.seqs)
             self._batch = None
             for seq in aborted:
                 seq.resolve(FinishReason.ABORT)
@@ -438,8 +476,7 @@ class GenerationEngine:
                 loaded = await _load_named_tensors(self.model, weights)
             except BaseException as error:
                 self._failed_update = error
-                while self._waiting:  # queued requests must not start on the mixed weights
-                    seq = self._waiting.popleft()
+                for seq in self._waiting.drain():  # queued requests must not start on the mixed weights
                     if not seq.future.done():
                         seq.future.set_exception(error)
                 raise
@@ -492,16 +529,16 @@ class GenerationEngine:
         admitted: list[_Sequence] = []
         width = 0
         while self._waiting and self.num_running + len(admitted) < self.max_num_seqs:
-            seq = self._waiting[0]
+            seq = self._waiting.peek()
             if seq.future.done():  # cancelled while queued
-                self._waiting.popleft()
+                self._waiting.pop()
                 continue
             new_width = max(width, len(seq.prompt_ids))
             if admitted and new_width * (len(admitted) + 1) > self.max_num_batched_tokens:
                 break
             width = new_width
             seq.weight_version = self.weight_version
-            admitted.append(self._waiting.popleft())
+            admitted.append(self._waiting.pop())
         return admitted
 
     def _step(self, admitted: list[_Sequence]) -> list[_Sequence]:

@@ -216,8 +216,13 @@ class HFRolloutServer(CheckpointEngineWorker):
         video_data: list[Any] | None = None,
         audio_data: list[Any] | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
+        scheduling_priority: int = 0,
     ) -> TokenOutput:
-        """Generate a response to ``prompt_ids``; ``request_id`` is unused (no prefix cache to route by)."""
+        """Generate a response to ``prompt_ids``; ``request_id`` is unused (no prefix cache to route by).
+
+        Queued requests start lowest ``scheduling_priority`` first: the request's ``priority``, which verl's
+        client forwards to vLLM only (``llm_server.py``), so the partial-rollout client sends it by this name.
+        """
         if image_data is not None or video_data is not None or audio_data is not None or mm_processor_kwargs:
             raise ValueError("the hf rollout is text-only: it cannot take image, video or audio inputs")
         prompt_ids = normalize_token_ids(prompt_ids)
@@ -235,7 +240,7 @@ class HFRolloutServer(CheckpointEngineWorker):
                 )
             await self._admission_open.wait()
         # No await between the gate check and submit(): an abort cannot slip in between.
-        future = self.engine.submit(prompt_ids, params)
+        future = self.engine.submit(prompt_ids, params, priority=scheduling_priority)
         self._generating += 1
         try:
             result = await future
