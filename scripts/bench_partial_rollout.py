@@ -29,13 +29,11 @@ How (from the repository root, with the project's virtualenv active):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from entry_runs import run_entry_point
 
 MODES = {
     "s1": ("async_training.staleness=1", "async_training.partial_rollout=false"),
@@ -79,34 +77,14 @@ def write_shape_model(directory: Path) -> Path:
 
 
 def run_mode(directory: Path, config_name: str, steps: int, mode: tuple[str, ...], extra: list[str]) -> dict[int, dict]:
-    directory.mkdir(parents=True)
-    metrics = directory / "metrics.jsonl"
-    command = [
-        sys.executable,
-        "-m",
-        "recipe.one_step_off_async.main_ppo",
-        f"--config-name={config_name}",
+    overrides = [
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
-        "trainer.logger=[file]",
-        f"trainer.default_local_dir={directory / 'checkpoints'}",
         *mode,
         *extra,
     ]
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics)}
-    result = subprocess.run(
-        command, cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    (directory / "output.log").write_text(result.stdout)
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(mode)} failed (exit {result.returncode}); see {directory / 'output.log'}")
-    by_step: dict[int, dict] = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        by_step.setdefault(record["step"], {}).update(record["data"])
-    return by_step
+    return run_entry_point(directory, config_name, overrides, label=" ".join(mode))
 
 
 def summarize(by_step: dict[int, dict], warmup: int) -> dict[str, float]:

@@ -16,15 +16,13 @@ How (from the repository root, with the project's virtualenv active; about 3 min
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from entry_runs import run_entry_point
 
 TASKS = {"sort": "one_step_off_ppo_cpu", "long_tail": "one_step_off_ppo_cpu_long_tail"}
 MODES = {"today": "async_training.partial_rollout=false", "partial": "async_training.partial_rollout=true"}
@@ -33,37 +31,21 @@ TEST_FREQ = 10
 
 def run(directory: Path, profile: str, seed: int, steps: int, mode: str) -> dict[int, float]:
     """The run's validation score by step (the task's ``val-core/.../mean@1`` metric)."""
-    directory.mkdir(parents=True)
-    metrics = directory / "metrics.jsonl"
-    command = [
-        sys.executable,
-        "-m",
-        "recipe.one_step_off_async.main_ppo",
-        f"--config-name={profile}",
+    overrides = [
         "async_training.staleness=1",
         mode,
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=true",
         f"trainer.test_freq={TEST_FREQ}",
-        "trainer.save_freq=-1",
-        "trainer.logger=[file]",
-        f"trainer.default_local_dir={directory / 'checkpoints'}",
         f"data.seed={seed}",
         f"actor_rollout_ref.rollout.seed={seed}",
     ]
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics)}
-    result = subprocess.run(
-        command, cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    (directory / "output.log").write_text(result.stdout)
-    if result.returncode != 0:
-        sys.exit(f"{profile} seed {seed} {mode} failed (exit {result.returncode}); see {directory / 'output.log'}")
+    by_step = run_entry_point(directory, profile, overrides, label=f"{profile} seed {seed} {mode}")
     scores: dict[int, float] = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        keys = [key for key in record["data"] if key.startswith("val-core/") and key.endswith("/mean@1")]
+    for step, metrics in by_step.items():
+        keys = [key for key in metrics if key.startswith("val-core/") and key.endswith("/mean@1")]
         if keys:
-            scores[record["step"]] = record["data"][keys[0]]
+            scores[step] = metrics[keys[0]]
     return scores
 
 
