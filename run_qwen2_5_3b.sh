@@ -24,7 +24,9 @@ ENTRY_MODULE=${ENTRY_MODULE:-recipe.one_step_off_async.main_ppo}
 ATTN=${ATTN:-flash_attention_2}
 REMOVE_PADDING=$([ "$ATTN" = flash_attention_2 ] && echo true || echo false)
 
-if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
+# check_config reports missing data files as "not found on this machine" instead of downloading them.
+if [ "$ENTRY_MODULE" != recipe.one_step_off_async.check_config ] \
+  && { [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; }; then
   python3 -m recipe.one_step_off_async.data.gsm8k --output-dir "$DATA_DIR" ${GSM8K_SOURCE:+--source "$GSM8K_SOURCE"}
 fi
 

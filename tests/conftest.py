@@ -46,6 +46,8 @@ def demo_assets():
 def one_step_off_run(tmp_path_factory, demo_assets):
     """One undisturbed run of the entry point (``e2e.one_step_off_overrides``), shared by the tests that check
     it and those that compare a disturbed run with it."""
-    from e2e import one_step_off_overrides, run_main
+    from e2e import one_step_off_overrides, run_main, wandb_offline
 
-    return run_main(tmp_path_factory.mktemp("one_step_off"), *one_step_off_overrides())
+    directory = tmp_path_factory.mktemp("one_step_off")
+    wandb_overrides, wandb_env = wandb_offline(directory)
+    return run_main(directory, *one_step_off_overrides(), *wandb_overrides, env=wandb_env)

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pickletools
+import struct
 import subprocess
 import sys
 import time
@@ -171,6 +172,43 @@ def run_main(
     return Run(result.returncode, time.monotonic() - started, directory, result.stdout)
 
 
+def wandb_offline(directory: Path) -> tuple[tuple[str, ...], dict]:
+    """Overrides and environment that make a run also log to wandb offline, into ``directory`` (no account)."""
+    return ("trainer.logger=[console,file,wandb]",), {"WANDB_MODE": "offline", "WANDB_DIR": str(directory)}
+
+
+def wandb_offline_run(directory: Path) -> tuple[int | None, dict[int, dict]]:
+    """The exit code the offline run in ``directory`` recorded (None: never finished) and its history by step.
+
+    Reads wandb's transaction log (``run-*.wandb``: leveldb-log framed protobuf records, which wandb's
+    Python package no longer reads itself): 32 KiB blocks of chunks, each a 7-byte header (CRC, length,
+    type: 1 full, 2 first, 3 middle, 4 last) after the file's 7-byte header.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    (log,) = directory.glob("wandb/offline-run-*/run-*.wandb")
+    data, position, parts = log.read_bytes(), 7, []
+    assert data.startswith(b":W&B"), data[:7]
+    exit_code, history = None, {}
+    while position + 7 <= len(data):
+        if (block_left := 32 * 1024 - position % (32 * 1024)) < 7:  # a block's tail too short for a header
+            position += block_left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        parts.append(data[position + 7 : position + 7 + length])
+        position += 7 + length
+        if kind not in (1, 4):
+            continue
+        record = wandb_internal_pb2.Record.FromString(b"".join(parts))
+        parts = []
+        if record.HasField("exit"):
+            exit_code = record.exit.exit_code
+        elif record.HasField("history"):
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            history.setdefault(int(row["_step"]), {}).update(row)
+    return exit_code, history
+
+
 def main_until_ray(*overrides: str) -> None:
     """The entry point's body (``main_ppo.main``) in this process, on the CPU profile with ``overrides``.
 
@@ -185,7 +223,11 @@ def main_until_ray(*overrides: str) -> None:
     with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
         config = compose(config_name=CPU_PROFILE, overrides=list(overrides))
     started_ray = AssertionError("the launch got as far as starting Ray")
-    with mock.patch.object(verl_main_ppo, "run_ppo", side_effect=started_ray):
+    # HYDRA_FULL_ERROR=1: the launch's problems raise (LaunchProblems) instead of being printed.
+    with (
+        mock.patch.object(verl_main_ppo, "run_ppo", side_effect=started_ray),
+        mock.patch.dict(os.environ, {"HYDRA_FULL_ERROR": "1"}),
+    ):
         main_ppo.main(config)
 
 

@@ -17,7 +17,7 @@ from recipe.one_step_off_async.async_config import (
     check_data_files,
     validate_config,
 )
-from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -125,7 +125,10 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             r"rollout.name='trtllm' is not a rollout backend this recipe supports",
         ),
         (["actor_rollout_ref.rollout.mode=sync"], r"rollout.mode='sync'.*Set actor_rollout_ref.rollout.mode=async"),
-        (["algorithm.adv_estimator=remax"], r"adv_estimator=remax"),
+        (["algorithm.adv_estimator=remax"], r"adv_estimator=remax.*use algorithm.adv_estimator=grpo"),
+        (["algorithm.adv_estimator=gae"], r"adv_estimator=gae with critic.enable=None: a critic \(GAE\) is not laid"),
+        (["critic.enable=true"], r"adv_estimator=grpo with critic.enable=True: a critic"),
+        (["actor_rollout_ref.model.lora_rank=8"], r"lora_rank=8: LoRA is not supported yet"),
         (["global_profiler.steps=[2]"], r"global_profiler.steps=\[2\]: verl profiles the rollout of step k inside"),
         (["actor_rollout_ref.rollout.calculate_log_probs=false"], r"calculate_log_probs=False"),
         (["async_training.elastic.enable=1"], r"async_training.elastic.enable=1 must be true or false"),
@@ -174,6 +177,34 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
 def test_bad_config_names_the_key_and_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(compose_config("one_step_off_ppo_cpu", *overrides))
+
+
+def test_every_problem_of_a_config_is_reported_at_once():
+    """Independent mistakes come in one error, in the order of the checks; checks that need a refused value
+    (replica and batch sizes need the pools) wait until it is fixed."""
+    with pytest.raises(ConfigError) as caught:
+        validate_config(
+            compose_config(
+                "one_step_off_ppo_cpu",
+                "async_training.staleness=-1",
+                "async_training.sync_interval=0",
+                "+async_training.elastic.max_replica=2",
+                "actor_rollout_ref.hybrid_engine=true",
+                "trainer.n_gpus_per_node=0",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=5",  # a batch check: skipped, the pool is empty
+                "algorithm.adv_estimator=remax",
+            )
+        )
+    starts = [problem.split(" ")[0] for problem in caught.value.problems]
+    assert starts == [
+        "Unknown",  # key(s) async_training.elastic.max_replica
+        "async_training.staleness=-1",
+        "async_training.sync_interval=0",
+        "actor_rollout_ref.hybrid_engine=True",
+        "trainer.n_gpus_per_node=0",
+        "algorithm.adv_estimator=remax",
+    ]
+    assert str(caught.value) == "\n".join(caught.value.problems)
 
 
 def test_elastic_mode_parses_and_is_off_by_default():
@@ -239,7 +270,7 @@ def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):
     check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files=[{good}]"))
 
     missing = tmp_path / "missing.parquet"
-    with pytest.raises(ConfigError, match=f"data.train_files: {missing} does not exist"):
+    with pytest.raises(NotOnThisMachine, match=f"data.train_files: {missing} is not found on this machine"):
         check_data_files(
             compose_config("one_step_off_ppo_cpu", f"data.train_files={missing}", f"data.val_files={good}")
         )
@@ -253,3 +284,13 @@ def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):
     pd.read_parquet(good).iloc[:0].to_parquet(empty)
     with pytest.raises(ConfigError, match=f"data.train_files: {empty} hold no rows"):
         check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={empty}", f"data.val_files={good}"))
+    # Every problem at once; a real one among them makes it a ConfigError, not only what this machine lacks.
+    with pytest.raises(ConfigError) as caught:
+        check_data_files(
+            compose_config("one_step_off_ppo_cpu", f"data.train_files=[{missing},{empty}]", f"data.val_files={garbage}")
+        )
+    assert not isinstance(caught.value, NotOnThisMachine)
+    assert [problem.split(" ", 2)[:2] for problem in caught.value.problems] == [
+        ["data.val_files:", str(garbage)],
+        ["data.train_files:", str(missing)],
+    ]

@@ -11,6 +11,8 @@ and added.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from e2e import (
     JOIN_RUN_LOSS,
@@ -19,9 +21,11 @@ from e2e import (
     ONE_STEP_OFF_STEPS,
     RESUME_LOSS,
     assert_trained_with_staleness,
+    wandb_offline_run,
 )
 
 from recipe.one_step_off_async.losses import LOSS_MODES
+from recipe.one_step_off_async.trainer.console import MAX_LINE_CHARS
 
 pytestmark = pytest.mark.e2e
 
@@ -35,3 +39,21 @@ def test_one_step_off_run_trains_with_measured_staleness(one_step_off_run):
     """The default (staleness 1, sync every step), with topr; the disturbed runs compare against this run."""
     assert_trained_with_staleness(one_step_off_run, 1, 1, ONE_STEP_OFF_LOSS, ONE_STEP_OFF_STEPS)
     assert all("async/rollout_replicas" not in values for values in one_step_off_run.metrics.values())  # elastic off
+
+
+def test_one_step_off_run_prints_one_short_console_line_per_step(one_step_off_run):
+    # Ray prefixes the actor's output with a colored "(OneStepOffTaskRunner pid=...) ".
+    lines = re.findall(r"step \d+/\d+ \| .*", one_step_off_run.output)
+    assert [line.split(" | ")[0] for line in lines] == [f"step {k}/{ONE_STEP_OFF_STEPS}" for k in range(1, 9)]
+    assert all(len(line) <= MAX_LINE_CHARS and " | staleness " in line for line in lines), lines
+    assert "step:1 - " not in one_step_off_run.output  # verl's line with every metric is gone from the console
+
+
+def test_one_step_off_run_leaves_a_finished_offline_wandb_run_with_every_step(one_step_off_run):
+    exit_code, history = wandb_offline_run(one_step_off_run.directory)
+    assert exit_code == 0  # wandb recorded the run as finished, not cut off
+    assert "Traceback" not in one_step_off_run.output  # nor a teardown error after it
+    assert sorted(history) == list(range(1, ONE_STEP_OFF_STEPS + 1))
+    for step, row in history.items():
+        assert {"async/staleness", "async/overlap_efficiency", "timing_s/step", "timing_s/sync_weights"} <= set(row)
+        assert row["async/staleness"] == one_step_off_run.metrics[step]["async/staleness"]

@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.errors import ConfigError
-from recipe.one_step_off_async.launch import prepare_config, upgrade_module_paths
+from recipe.one_step_off_async.errors import ConfigError, LaunchProblems
+from recipe.one_step_off_async.launch import check_command_line, prepare_config, problems_reported, upgrade_module_paths
 
 OLD_LAYOUT = {
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
@@ -121,3 +121,34 @@ def test_any_recipe_module_imported_first_in_a_worker_survives_the_plugin_import
         out, err = probe.communicate(timeout=300)
         assert probe.returncode == 0, f"importing {module} first: {err.decode()[-2000:]}"
         assert b"PlatformCPU" in out, module
+
+
+def test_launch_problems_print_as_one_list_without_a_traceback_unless_hydra_full_error(monkeypatch, capsys):
+    problems = LaunchProblems(["a.b=1: bad. Set a.b=2.", "c: missing on this machine."], ["verl's own validation"])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exited, problems_reported():
+        raise problems
+    assert exited.value.code == 1 and exited.value.__cause__ is None and exited.value.__suppress_context__
+    assert capsys.readouterr().err.splitlines() == [
+        "The launch has 2 problems; nothing was started:",
+        "  1. a.b=1: bad. Set a.b=2.",
+        "  2. c: missing on this machine.",
+        "Not checked yet (they run once the problems above are fixed):",
+        "  - verl's own validation",
+        "Set HYDRA_FULL_ERROR=1 to see the traceback.",
+    ]
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(LaunchProblems), problems_reported():
+        raise problems
+
+
+def test_a_command_line_hydra_cannot_compose_reports_its_config_name(monkeypatch, capsys):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit):
+        check_command_line(["--config-name=one_step_off_ppo_gpu", "trainer.nnodes=1"], "one_step_off_ppo_trainer")
+    assert "  1. --config-name=one_step_off_ppo_gpu: no such config. The recipe's are one_step_off_ppo_trainer, " in (
+        capsys.readouterr().err
+    )
+    # Hydra's own flags and a composable command line are left to hydra.main.
+    assert check_command_line(["--cfg", "job", "trainer.foo=1"], "one_step_off_ppo_trainer") is None
+    assert check_command_line(["-cn", "one_step_off_ppo_cpu", "trainer.nnodes=1"], "one_step_off_ppo_trainer") is None

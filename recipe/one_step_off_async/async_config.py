@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
 
 # Which checkpoint engines can feed which rollout backends (actor -> rollout weight transfer).
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
@@ -26,6 +26,8 @@ COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
     "sglang": ("nccl", "nixl", "mooncake", "kimi"),
     "hf": ("gloo", "checkpoint"),
 }
+
+CONSOLE_FORMATS = ("compact", "verl")
 
 
 @dataclass(frozen=True)
@@ -66,23 +68,46 @@ class ElasticConfig:
     )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enable, bool):
-            raise ConfigError(f"async_training.elastic.enable={self.enable!r} must be true or false.")
-        if not _is_count(self.min_replicas) or self.min_replicas < 1:
-            raise ConfigError(f"async_training.elastic.min_replicas={self.min_replicas!r} must be an integer >= 1.")
-        if self.max_replicas is not None and (not _is_count(self.max_replicas) or self.max_replicas < 1):
-            raise ConfigError(
-                f"async_training.elastic.max_replicas={self.max_replicas!r} must be an integer >= 1, or null "
-                "(no automatic growth)."
-            )
+        problems = _Problems()
+        problems.require(
+            isinstance(self.enable, bool), f"async_training.elastic.enable={self.enable!r} must be true or false."
+        )
+        problems.require(
+            _is_count(self.min_replicas) and self.min_replicas >= 1,
+            f"async_training.elastic.min_replicas={self.min_replicas!r} must be an integer >= 1.",
+        )
+        problems.require(
+            self.max_replicas is None or (_is_count(self.max_replicas) and self.max_replicas >= 1),
+            f"async_training.elastic.max_replicas={self.max_replicas!r} must be an integer >= 1, or null "
+            "(no automatic growth).",
+        )
         for name in ("start_timeout_s", "silent_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"async_training.elastic.{name}={value!r} must be a positive number of seconds.")
+            problems.require(
+                _is_seconds(getattr(self, name)),
+                f"async_training.elastic.{name}={getattr(self, name)!r} must be a positive number of seconds.",
+            )
+        problems.raise_any()
+
+
+class _Problems(list):
+    """The problems a check found, collected so that a launch reports them all at once."""
+
+    def require(self, condition: bool, message: str) -> bool:
+        if not condition:
+            self.append(message)
+        return condition
+
+    def raise_any(self) -> None:
+        if self:
+            raise ConfigError(*self)
 
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _from_section(cls: type, values: dict, prefix: str):
@@ -138,26 +163,43 @@ class AsyncTrainingConfig:
         default=600.0,
         metadata={"help": "Longest one actor -> rollout weight sync may take before failing the run."},
     )
+    console: str = field(
+        default="compact",
+        metadata={
+            "help": "compact: the console backend of trainer.logger prints one line of at most 160 characters per "
+            "step (step time and its split, staleness, score, validation); verl: verl's line with every metric. "
+            "The other loggers get every metric either way."
+        },
+    )
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
-            raise ConfigError(
-                f"async_training.staleness={self.staleness!r} must be an integer >= 0 "
-                "(0 = synchronous, 1 = one-step-off, s = s batches in flight)."
-            )
-        if not isinstance(self.sync_interval, int) or isinstance(self.sync_interval, bool) or self.sync_interval < 1:
-            raise ConfigError(
-                f"async_training.sync_interval={self.sync_interval!r} must be an integer >= 1 "
-                "(1 = push weights after every step, N = every N steps)."
-            )
-        if not isinstance(self.partial_rollout, bool):
-            raise ConfigError(f"async_training.partial_rollout={self.partial_rollout!r} must be true or false.")
+        problems = _Problems()
+        problems.require(
+            _is_count(self.staleness) and self.staleness >= 0,
+            f"async_training.staleness={self.staleness!r} must be an integer >= 0 "
+            "(0 = synchronous, 1 = one-step-off, s = s batches in flight).",
+        )
+        problems.require(
+            _is_count(self.sync_interval) and self.sync_interval >= 1,
+            f"async_training.sync_interval={self.sync_interval!r} must be an integer >= 1 "
+            "(1 = push weights after every step, N = every N steps).",
+        )
+        problems.require(
+            isinstance(self.partial_rollout, bool),
+            f"async_training.partial_rollout={self.partial_rollout!r} must be true or false.",
+        )
+        problems.require(
+            self.console in CONSOLE_FORMATS,
+            f"async_training.console={self.console!r} must be one of {', '.join(CONSOLE_FORMATS)} "
+            "(compact: one short line per step; verl: verl's line with every metric).",
+        )
         for name in ("generation_timeout_s", "sync_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(
-                    f"async_training.{name}={getattr(self, name)!r} must be a positive number of seconds."
-                )
+            problems.require(
+                _is_seconds(getattr(self, name)),
+                f"async_training.{name}={getattr(self, name)!r} must be a positive number of seconds.",
+            )
+        problems.raise_any()
 
     @classmethod
     def from_config(cls, config: DictConfig) -> AsyncTrainingConfig:
@@ -166,86 +208,68 @@ class AsyncTrainingConfig:
             return cls()
         values = OmegaConf.to_container(section, resolve=True)
         elastic = values.pop("elastic", None) or {}
-        if not isinstance(elastic, dict):
-            raise ConfigError(f"async_training.elastic={elastic!r} must be a section (enable, min_replicas, ...).")
-        values["elastic"] = _from_section(ElasticConfig, elastic, "async_training.elastic.")
-        return _from_section(cls, values, "async_training.")
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
+        problems = _Problems()
+        if problems.require(
+            isinstance(elastic, dict),
+            f"async_training.elastic={elastic!r} must be a section (enable, min_replicas, ...).",
+        ):
+            try:
+                values["elastic"] = _from_section(ElasticConfig, elastic, "async_training.elastic.")
+            except ConfigError as error:
+                problems.extend(error.problems)
+        try:
+            parsed = _from_section(cls, values, "async_training.")
+        except ConfigError as error:
+            problems.extend(error.problems)
+        problems.raise_any()
+        return parsed
 
 
 def validate_config(config: DictConfig) -> AsyncTrainingConfig:
-    """Check everything the recipe relies on; return the parsed ``async_training`` section."""
-    async_config = AsyncTrainingConfig.from_config(config)
+    """Check everything the recipe relies on; return the parsed ``async_training`` section.
+
+    Raises one ``ConfigError`` carrying every problem found (checks that need a value an earlier check
+    refused are skipped: their problems show once it is fixed).
+    """
+    problems = _Problems()
+    try:
+        async_config = AsyncTrainingConfig.from_config(config)
+    except ConfigError as error:
+        problems.extend(error.problems)
+        async_config = None
     trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
 
-    _require(
+    problems.require(
         not config.actor_rollout_ref.hybrid_engine,
         "actor_rollout_ref.hybrid_engine=True colocates rollout and training on the same GPUs; this recipe "
         "needs disjoint pools. Set actor_rollout_ref.hybrid_engine=False (the recipe's configs do).",
     )
-    _require(
+    problems.require(
         rollout.mode == "async",
         f"actor_rollout_ref.rollout.mode={rollout.mode!r}: the recipe rolls out through verl's server "
         "replicas and AgentLoopManager. Set actor_rollout_ref.rollout.mode=async.",
     )
-    for key, value in (
-        ("trainer.nnodes", trainer.nnodes),
-        ("trainer.n_gpus_per_node", trainer.n_gpus_per_node),
-        ("actor_rollout_ref.rollout.nnodes", rollout.nnodes),
-        ("actor_rollout_ref.rollout.n_gpus_per_node", rollout.n_gpus_per_node),
-    ):
-        pool = "training" if key.startswith("trainer") else "rollout"
-        _require(
-            isinstance(value, int) and value > 0,
-            f"{key}={value!r} leaves the {pool} pool empty; the actor and the rollout replicas need "
-            f"disjoint pools of at least one device each. Set {key} to a positive integer.",
+    pools = [
+        problems.require(
+            _is_count(value) and value > 0,
+            f"{key}={value!r} leaves the {'training' if key.startswith('trainer') else 'rollout'} pool empty; the "
+            f"actor and the rollout replicas need disjoint pools of at least one device each. Set {key} to a "
+            "positive integer.",
         )
+        for key, value in (
+            ("trainer.nnodes", trainer.nnodes),
+            ("trainer.n_gpus_per_node", trainer.n_gpus_per_node),
+            ("actor_rollout_ref.rollout.nnodes", rollout.nnodes),
+            ("actor_rollout_ref.rollout.n_gpus_per_node", rollout.n_gpus_per_node),
+        )
+    ]
+    replicas = _check_sizes(problems, config) if all(pools) else None
 
-    rollout_world = (
-        rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
-    )
-    rollout_devices = rollout.nnodes * rollout.n_gpus_per_node
-    _require(
-        rollout_devices % rollout_world == 0,
-        f"The rollout pool has {rollout_devices} devices (actor_rollout_ref.rollout.nnodes x n_gpus_per_node) "
-        f"but one replica needs {rollout_world} (tensor x data x pipeline parallel size); make the pool a "
-        "multiple of the replica size.",
-    )
-
-    actor_world = trainer.nnodes * trainer.n_gpus_per_node
-    actor = config.actor_rollout_ref.actor
-    n = rollout.n
-    train_batch = config.data.get("gen_batch_size") or config.data.train_batch_size
-    _require(
-        (train_batch * n) % actor_world == 0,
-        f"data.train_batch_size x rollout.n = {train_batch} x {n} = {train_batch * n} samples per step do not "
-        f"divide across the {actor_world} actor ranks (trainer.nnodes x trainer.n_gpus_per_node). "
-        f"Make data.train_batch_size * actor_rollout_ref.rollout.n a multiple of {actor_world}.",
-    )
-    _require(
-        train_batch % actor.ppo_mini_batch_size == 0,
-        f"data.train_batch_size={train_batch} is not a multiple of "
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}.",
-    )
-    _require(
-        (actor.ppo_mini_batch_size * n) % actor_world == 0,
-        f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {actor.ppo_mini_batch_size * n} samples per "
-        f"mini-batch do not divide across the {actor_world} actor ranks; make it a multiple of {actor_world}.",
-    )
-    per_rank, micro = actor.ppo_mini_batch_size * n // actor_world, actor.get("ppo_micro_batch_size_per_gpu")
-    _require(
-        actor.use_dynamic_bsz or not micro or per_rank % micro == 0,
-        f"A mini-batch gives each actor rank {per_rank} samples (ppo_mini_batch_size x rollout.n / {actor_world} "
-        f"ranks), which actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide (verl would "
-        "fail in the first update). Make the micro-batch size a divisor of it.",
-    )
-
-    if async_config.one_gpu:
-        _require(
+    if async_config is not None and async_config.one_gpu:
+        rollout_world = (
+            rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+        )
+        problems.require(
             trainer.device == "cuda"
             and (trainer.nnodes, trainer.n_gpus_per_node, rollout.nnodes, rollout.n_gpus_per_node) == (1, 1, 1, 1)
             and rollout_world == 1,
@@ -258,52 +282,113 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
 
     backend = rollout.checkpoint_engine.backend
     compatible = COMPATIBLE_CHECKPOINT_ENGINES.get(rollout.name)
-    _require(
+    if problems.require(
         compatible is not None,
         f"actor_rollout_ref.rollout.name={rollout.name!r} is not a rollout backend this recipe supports; "
         f"use one of {sorted(COMPATIBLE_CHECKPOINT_ENGINES)}.",
-    )
-    _require(
-        backend in compatible,
-        f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r} cannot feed weights to the "
-        f"{rollout.name!r} rollout backend; use {' or '.join(compatible)} "
-        "(GPU: rollout.name=vllm with backend=nccl; CPU: rollout.name=hf with backend=gloo).",
-    )
-    on_cpu = trainer.device == "cpu"
-    _require(
-        on_cpu == (rollout.name == "hf"),
-        f"trainer.device={trainer.device!r} with actor_rollout_ref.rollout.name={rollout.name!r}: the `hf` "
-        "replica is the CPU rollout backend and vLLM/SGLang need GPUs. Use --config-name=one_step_off_ppo_cpu "
-        "on CPU, or trainer.device=cuda with rollout.name=vllm on GPUs.",
-    )
+    ):
+        problems.require(
+            backend in compatible,
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r} cannot feed weights to the "
+            f"{rollout.name!r} rollout backend; use {' or '.join(compatible)} "
+            "(GPU: rollout.name=vllm with backend=nccl; CPU: rollout.name=hf with backend=gloo).",
+        )
+        problems.require(
+            (trainer.device == "cpu") == (rollout.name == "hf"),
+            f"trainer.device={trainer.device!r} with actor_rollout_ref.rollout.name={rollout.name!r}: the `hf` "
+            "replica is the CPU rollout backend and vLLM/SGLang need GPUs. Use --config-name=one_step_off_ppo_cpu "
+            "on CPU, or trainer.device=cuda with rollout.name=vllm on GPUs.",
+        )
 
-    _check_elastic(async_config, rollout, rollout_devices // rollout_world)
-    _check_partial_rollout(async_config, config)
+    if async_config is not None:
+        if replicas is not None:
+            _check_elastic(problems, async_config, rollout, replicas)
+        _check_partial_rollout(problems, async_config, config)
 
-    _require(
+    problems.require(
         not config.reward.reward_model.enable,
         "reward.reward_model.enable=true: a model-based reward needs a resource pool of its own, which this "
         "recipe does not lay out yet (verl's pool creation would fail with a KeyError deep in start-up). Use a "
         "rule or function reward (reward.custom_reward_function) and reward.reward_model.enable=false.",
     )
-    _require(
+    problems.require(
         config.algorithm.adv_estimator != "remax",
         "algorithm.adv_estimator=remax needs an extra greedy generation per batch, which the pipeline does "
-        "not schedule; use grpo, rloo, reinforce_plus_plus or gae.",
+        "not schedule; use algorithm.adv_estimator=grpo (the estimator the recipe's tests run).",
     )
-    _require(
+    critic = OmegaConf.select(config, "critic.enable")
+    problems.require(
+        not (critic if critic is not None else config.algorithm.adv_estimator == "gae"),
+        f"algorithm.adv_estimator={config.algorithm.adv_estimator} with critic.enable={critic}: a critic (GAE) is "
+        "not laid out on the recipe's pools yet (verl's critic worker stops at start-up there: with "
+        "critic.strategy=fsdp on a missing fsdp_config, with fsdp2 on an unknown strategy). Use "
+        "algorithm.adv_estimator=grpo with critic.enable=null.",
+    )
+    problems.require(
+        not OmegaConf.select(config, "actor_rollout_ref.model.lora_rank", default=0),
+        f"actor_rollout_ref.model.lora_rank={OmegaConf.select(config, 'actor_rollout_ref.model.lora_rank')}: LoRA "
+        "is not supported yet: the weight sync sends the actor's parameters under peft's names "
+        "(...q_proj.base_layer.weight), which the rollout replicas do not load. Train full weights "
+        "(actor_rollout_ref.model.lora_rank=0).",
+    )
+    problems.require(
         not OmegaConf.select(config, "global_profiler.steps"),
         f"global_profiler.steps={OmegaConf.select(config, 'global_profiler.steps')}: verl profiles the rollout of step "
         "k inside step k, but here the batch of step k is generated while earlier steps train, so the profile "
         "would cover none of its generation. Unset global_profiler.steps; profile the rollout replicas with the "
         "engine's own profiler instead.",
     )
-    _require(
+    problems.require(
         bool(rollout.calculate_log_probs),
         "actor_rollout_ref.rollout.calculate_log_probs=False: the off-policy correction needs the rollout's "
         "log-probs of every sampled token. Set it to True.",
     )
+    problems.raise_any()
     return async_config
+
+
+def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
+    """Replica and batch sizes against the pools; return the number of rollout replicas (None: no whole number)."""
+    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
+    rollout_world = (
+        rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    )
+    rollout_devices = rollout.nnodes * rollout.n_gpus_per_node
+    whole = problems.require(
+        rollout_devices % rollout_world == 0,
+        f"The rollout pool has {rollout_devices} devices (actor_rollout_ref.rollout.nnodes x n_gpus_per_node) "
+        f"but one replica needs {rollout_world} (tensor x data x pipeline parallel size); make the pool a "
+        "multiple of the replica size.",
+    )
+
+    actor_world = trainer.nnodes * trainer.n_gpus_per_node
+    actor = config.actor_rollout_ref.actor
+    n = rollout.n
+    train_batch = config.data.get("gen_batch_size") or config.data.train_batch_size
+    problems.require(
+        (train_batch * n) % actor_world == 0,
+        f"data.train_batch_size x rollout.n = {train_batch} x {n} = {train_batch * n} samples per step do not "
+        f"divide across the {actor_world} actor ranks (trainer.nnodes x trainer.n_gpus_per_node). "
+        f"Make data.train_batch_size * actor_rollout_ref.rollout.n a multiple of {actor_world}.",
+    )
+    problems.require(
+        train_batch % actor.ppo_mini_batch_size == 0,
+        f"data.train_batch_size={train_batch} is not a multiple of "
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}.",
+    )
+    if problems.require(
+        (actor.ppo_mini_batch_size * n) % actor_world == 0,
+        f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {actor.ppo_mini_batch_size * n} samples per "
+        f"mini-batch do not divide across the {actor_world} actor ranks; make it a multiple of {actor_world}.",
+    ):
+        per_rank, micro = actor.ppo_mini_batch_size * n // actor_world, actor.get("ppo_micro_batch_size_per_gpu")
+        problems.require(
+            actor.use_dynamic_bsz or not micro or per_rank % micro == 0,
+            f"A mini-batch gives each actor rank {per_rank} samples (ppo_mini_batch_size x rollout.n / {actor_world} "
+            f"ranks), which actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide (verl would "
+            "fail in the first update). Make the micro-batch size a divisor of it.",
+        )
+    return rollout_devices // rollout_world if whole else None
 
 
 # Weight-sync backends that follow a change of the rollout pool's membership from one sync to the next:
@@ -311,35 +396,35 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
 ELASTIC_CHECKPOINT_ENGINES = ("gloo", "checkpoint", "nccl")
 
 
-def _check_elastic(async_config: AsyncTrainingConfig, rollout: DictConfig, replicas: int) -> None:
+def _check_elastic(problems: _Problems, async_config: AsyncTrainingConfig, rollout: DictConfig, replicas: int) -> None:
     elastic = async_config.elastic
     if not elastic.enable:
         return
     key = "async_training.elastic"
-    _require(
+    problems.require(
         not async_config.one_gpu,
         f"{key}.enable=true with async_training.one_gpu=true: both pools share one GPU, so there is no room for "
         f"another replica and nothing to fail over to. Set {key}.enable=false.",
     )
-    _require(
+    problems.require(
         elastic.min_replicas <= replicas,
         f"{key}.min_replicas={elastic.min_replicas} is more than the {replicas} replica(s) the run starts with "
         "(actor_rollout_ref.rollout.nnodes x n_gpus_per_node / replica size); lower it.",
     )
-    _require(
+    problems.require(
         elastic.max_replicas is None or elastic.max_replicas >= replicas,
         f"{key}.max_replicas={elastic.max_replicas} is less than the {replicas} replica(s) the run starts with; "
         "raise it, or set it to null to grow only on the scale command.",
     )
     backend = rollout.checkpoint_engine.backend
-    _require(
+    problems.require(
         backend in ELASTIC_CHECKPOINT_ENGINES,
         f"{key}.enable=true with checkpoint_engine.backend={backend!r}: only "
         f"{', '.join(ELASTIC_CHECKPOINT_ENGINES)} are known to follow a rollout pool that changes between syncs.",
     )
     if backend == "nccl":
         kwargs = OmegaConf.select(rollout, "checkpoint_engine.engine_kwargs.nccl", default=None) or {}
-        _require(
+        problems.require(
             bool(kwargs.get("rebuild_group", False)),
             f"{key}.enable=true with the nccl engine: verl's NCCL engine keeps its group across syncs and asserts "
             "the old world size when a replica leaves or joins. Add "
@@ -356,40 +441,40 @@ PARTIAL_ROLLOUT_CHECKPOINT_ENGINES = ("gloo", "checkpoint", "nccl")
 PARTIAL_ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
-def _check_partial_rollout(async_config: AsyncTrainingConfig, config: DictConfig) -> None:
+def _check_partial_rollout(problems: _Problems, async_config: AsyncTrainingConfig, config: DictConfig) -> None:
     if not async_config.partial_rollout:
         return
     key, rollout = "async_training.partial_rollout=true", config.actor_rollout_ref.rollout
-    _require(
+    problems.require(
         rollout.name in PARTIAL_ROLLOUT_BACKENDS,
         f"{key} with actor_rollout_ref.rollout.name={rollout.name!r}: a sync interrupts running requests and "
         f"continues them from their tokens so far, which only {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} are wired "
         "for here. Use one of them, or async_training.partial_rollout=false.",
     )
     backend = rollout.checkpoint_engine.backend
-    _require(
+    problems.require(
         backend in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES,
         f"{key} with checkpoint_engine.backend={backend!r}: partial rollout needs a sync that aborts, loads and "
         f"resumes the replicas (verl's CheckpointEngineManager); supported: {', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}.",
     )
-    _require(
+    problems.require(
         rollout.name != "vllm" or rollout.scheduling_policy == "priority",
         f"{key} with vLLM and actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: the "
         "batches in flight share the engine and the oldest must run first. Set "
         "actor_rollout_ref.rollout.scheduling_policy=priority.",
     )
-    _require(
+    problems.require(
         not rollout.get("enable_rollout_routing_replay", False),
         f"{key} with actor_rollout_ref.rollout.enable_rollout_routing_replay=true: the MoE routing of a request "
         "resumed under new weights is not carried across its segments. Use one of the two.",
     )
-    _require(
+    problems.require(
         not rollout.get("full_determinism", False),
         f"{key} with actor_rollout_ref.rollout.full_determinism=true: a run is reproducible only if every request "
         "sees the same weights, and here a sync interrupts requests at a point that depends on timing. Use one "
         "of the two.",
     )
-    _require(
+    problems.require(
         not OmegaConf.select(config, "actor_rollout_ref.rollout.multi_turn.enable", default=False),
         f"{key} with actor_rollout_ref.rollout.multi_turn.enable=true: the weight version of every token is "
         "stamped for single-turn generations only (a multi-turn sample would carry its last turn's). Use "
@@ -398,21 +483,41 @@ def _check_partial_rollout(async_config: AsyncTrainingConfig, config: DictConfig
 
 
 def check_data_files(config: DictConfig) -> None:
-    """Every local train/val parquet file exists, is readable, and the split has rows."""
+    """Every local train/val parquet file exists, is readable, and each split has rows.
+
+    Raises ``NotOnThisMachine`` when the only problems are files missing here (a launch checked away from
+    the cluster that holds them), else ``ConfigError``; either carries every problem found.
+    """
     import pyarrow.parquet as pq
 
+    missing, problems = [], _Problems()
     for key in ("train_files", "val_files"):
         files = config.data[key]
         files = [files] if isinstance(files, str) else list(files)
-        rows = 0
+        rows, counted = 0, True
         for file in files:
             if "://" in file:  # remote (hdfs, s3...): verl copies it at start-up, nothing to check here
-                return
+                counted = False
+                continue
             path = os.path.expanduser(file)
             if not os.path.isfile(path):
-                raise ConfigError(f"data.{key}: {file} does not exist.")
+                missing.append(
+                    f"data.{key}: {file} is not found on this machine. Point data.{key} at a local parquet file "
+                    "(GSM8K: python -m recipe.one_step_off_async.data.gsm8k writes one), or check the launch on "
+                    "the machine that has it."
+                )
+                counted = False
+                continue
             try:
                 rows += pq.read_metadata(path).num_rows
             except Exception as error:
-                raise ConfigError(f"data.{key}: {file} is not a readable parquet file ({error}).") from error
-        _require(rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset.")
+                problems.append(f"data.{key}: {file} is not a readable parquet file ({error}).")
+                counted = False
+        if counted:
+            problems.require(
+                rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."
+            )
+    if problems:
+        raise ConfigError(*problems, *missing)
+    if missing:
+        raise NotOnThisMachine(*missing)

@@ -9,7 +9,39 @@ from __future__ import annotations
 
 
 class ConfigError(ValueError):
-    """A config the recipe cannot run; the message says which key and how to fix it (raised before Ray starts)."""
+    """A config the recipe cannot run; each problem names the key and how to fix it (raised before Ray starts).
+
+    A check that finds several problems raises one error carrying them all (``problems``), so a launch
+    reports every problem at once (``launch.check_launch``).
+    """
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class NotOnThisMachine(ConfigError):
+    """Files or packages the launch needs are missing here; the machine that runs it may have them."""
+
+
+class LaunchProblems(ConfigError):
+    """Every problem a launch's checks found before Ray starts, printed as one list (``launch.check_launch``)."""
+
+    def __init__(self, problems: list[str], skipped: list[str] = ()) -> None:
+        super().__init__(*problems)
+        self.skipped = tuple(skipped)
+
+    def report(self) -> str:
+        """The list a user reads: each problem with its fix, then the checks that could not run."""
+        count = len(self.problems)
+        lines = [f"The launch has {count} problem{'s' if count != 1 else ''}; nothing was started:"]
+        for number, problem in enumerate(self.problems, 1):
+            lines.append(f"  {number}. " + problem.replace("\n", "\n     "))
+        if self.skipped:
+            lines.append("Not checked yet (they run once the problems above are fixed):")
+            lines.extend(f"  - {check}" for check in self.skipped)
+        lines.append("Set HYDRA_FULL_ERROR=1 to see the traceback.")
+        return "\n".join(lines)
 
 
 class CheckpointError(RuntimeError):

@@ -1,47 +1,198 @@
 """Everything a launch does before Ray starts, shared by ``main_ppo`` and ``check_config``.
 
 In order: accept the old layout's module paths (``upgrade_module_paths``, with a warning naming the new
-setting; they live here, above every layer they name), validate the
-recipe's keys, set up this process as every Ray worker will be (``verl_plugin.activate``: platform,
-registered backends, the runtime env), resolve the config in the driver (built-in task paths are
-materialised once, before workers start), check the data files, run verl's own config validation,
-and verify the checkpoint a resume would load, so a truncated or foreign checkpoint fails in seconds.
+setting; they live here, above every layer they name), validate the recipe's keys and its losses', set
+up this process as every Ray worker will be (``verl_plugin.activate``: platform, registered backends, the
+runtime env), resolve the config in the driver (built-in task paths are materialised once, before workers
+start), check the data files, run verl's own config validation, verify the checkpoint a resume would load,
+and check that every backend the config selects is installed here.
+
+``check_launch`` runs all of them and collects what they find, so a launch reports every problem at once
+(``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback); a check that
+needs what an earlier one refused is listed as not checked. ``check_command_line`` does the same for a
+command line Hydra cannot compose (an unknown key, a bad override): it composes without the overrides
+that fail, so their errors join the list of everything else.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.one_step_off_async import verl_plugin
 from recipe.one_step_off_async.async_config import check_data_files, validate_config
+from recipe.one_step_off_async.errors import CheckpointError, ConfigError, LaunchProblems, NotOnThisMachine
 from recipe.one_step_off_async.losses import validate_policy_loss
 from recipe.one_step_off_async.platforms import one_gpu
+from recipe.one_step_off_async.preflight import missing_backends, missing_devices
 from recipe.one_step_off_async.trainer.resume import verify_resume_checkpoint
 
+CONFIG_MODULE = "recipe.one_step_off_async.config"
+# The configs a launch names with --config-name (the others are parts they include).
+PROFILES = (
+    "one_step_off_ppo_trainer",
+    "one_step_off_ppo_cpu",
+    "one_step_off_ppo_cpu_long_tail",
+    "one_step_off_ppo_1gpu",
+)
 
-def prepare_config(config: DictConfig) -> None:
-    """Validate, resolve and set up the platform: everything that must happen before Ray starts."""
+
+@dataclass
+class LaunchCheck:
+    """What ``check_launch`` found: problems of the config, things missing on this machine, checks not run."""
+
+    problems: list[str] = field(default_factory=list)
+    not_here: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def run(self, check: Callable[..., object], *args, **kwargs) -> bool:
+        """Run one check, collecting its problems; True when it found none."""
+        try:
+            check(*args, **kwargs)
+        except NotOnThisMachine as error:
+            self.not_here.extend(error.problems)
+        except ConfigError as error:
+            self.problems.extend(error.problems)
+        except CheckpointError as error:
+            self.problems.append(str(error))
+        else:
+            return True
+        return False
+
+    def error(self, *earlier: str) -> LaunchProblems | None:
+        """The launch's error (``earlier`` problems first), or None when nothing is wrong."""
+        problems = [*earlier, *self.problems, *self.not_here]
+        return LaunchProblems(problems, self.skipped) if problems else None
+
+
+def check_launch(config: DictConfig) -> LaunchCheck:
+    """Validate, resolve and set up the platform, collecting every problem (``config`` is resolved in place)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config as verl_validate_config
 
+    check = LaunchCheck()
     for notice in upgrade_module_paths(config):
-        warnings.warn(notice, FutureWarning, stacklevel=2)
-    validate_config(config)
-    validate_policy_loss(config)
-    env = verl_plugin.activate(config)
+        warnings.warn(notice, FutureWarning, stacklevel=3)
+    check.run(validate_config, config)
+    check.run(validate_policy_loss, config)
     with open_dict(config):
         runtime_env = config.ray_kwargs.ray_init.runtime_env
-        runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **env}
-        if config.async_training.one_gpu:
+        runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **verl_plugin.activate(config)}
+        if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
             config.ray_kwargs.ray_init.num_gpus = one_gpu.LOGICAL_GPUS
-    OmegaConf.resolve(config)
-    check_data_files(config)
-    verl_validate_config(
-        config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
-    )
-    verify_resume_checkpoint(config)
+    try:
+        OmegaConf.resolve(config)
+    except Exception as error:  # an interpolation that does not resolve: ${oc.env:...}, a missing key
+        check.problems.append(f"The config does not resolve: {type(error).__name__}: {error}")
+        check.skipped += ["the data files", "verl's own validation of the config", "the checkpoint to resume from"]
+    else:
+        check.run(check_data_files, config)
+        if check.problems:  # verl's assertions would repeat the recipe's findings, less clearly
+            check.skipped.append("verl's own validation of the config (verl.utils.config.validate_config)")
+        else:
+            try:
+                verl_validate_config(
+                    config=config,
+                    use_reference_policy=need_reference_policy(config),
+                    use_critic=need_critic(config),
+                )
+            except Exception as error:  # verl asserts; its message names the keys
+                check.problems.append(f"verl's validation of the config: {type(error).__name__}: {error}")
+        check.run(verify_resume_checkpoint, config)
+    check.not_here += missing_devices(config)
+    check.not_here += [f"Not installed on this machine: {line}" for line in missing_backends(config)]
+    return check
+
+
+def prepare_config(config: DictConfig) -> None:
+    """Everything that must happen before Ray starts; raise ``LaunchProblems`` listing every problem found."""
+    error = check_launch(config).error()
+    if error:
+        raise error
+
+
+@contextmanager
+def problems_reported() -> Iterator[None]:
+    """Print a launch's problems as one list and exit with status 1, without a traceback.
+
+    ``HYDRA_FULL_ERROR=1`` (Hydra's own switch) lets the exception through, traceback and all.
+    """
+    try:
+        yield
+    except LaunchProblems as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(error.report(), file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def check_command_line(argv: list[str], config_name: str) -> None:
+    """Report every problem of a command line whose overrides Hydra cannot compose, then exit with status 1.
+
+    Returns (and ``hydra.main`` takes over) when the command line composes, or names a Hydra flag other than
+    ``--config-name``/``-cn`` (``--help``, ``--cfg``, ``-m``...: Hydra handles those itself), or when
+    ``HYDRA_FULL_ERROR=1`` asks for Hydra's traceback.
+    """
+    parsed = _split_command_line(argv, config_name)
+    if parsed is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException, MissingConfigException
+
+    name, overrides = parsed
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        try:
+            compose(config_name=name, overrides=overrides)
+            return
+        except HydraException as error:
+            failure = error
+        refused, kept = [], []
+        for override in overrides if not isinstance(failure, MissingConfigException) else ():
+            try:
+                compose(config_name=name, overrides=[*kept, override])
+                kept.append(override)
+            except HydraException as error:
+                refused.append(f"{override}: {_hydra_message(error)}")
+        config = compose(config_name=name, overrides=kept) if refused else None
+    with problems_reported():
+        if config is None:  # the config name itself, or overrides that fail only together
+            message = _hydra_message(failure)
+            if isinstance(failure, MissingConfigException):
+                message = f"--config-name={name}: no such config. The recipe's are {', '.join(PROFILES)}."
+            raise LaunchProblems([message], ["everything else: it needs a config to check"])
+        check = check_launch(config)
+        check.skipped.append(f"what depends on the refused override{'s' if len(refused) > 1 else ''} above")
+        raise check.error(*refused)
+
+
+def _split_command_line(argv: list[str], config_name: str) -> tuple[str, list[str]] | None:
+    """(config name, overrides) of a ``main_ppo`` command line, or None when it uses other Hydra flags."""
+    overrides, arguments = [], iter(argv)
+    for argument in arguments:
+        if argument in ("--config-name", "-cn"):
+            config_name = next(arguments, config_name)
+        elif argument.startswith("--config-name="):
+            config_name = argument.split("=", 1)[1]
+        elif argument.startswith("-"):
+            return None
+        else:
+            overrides.append(argument)
+    return config_name, overrides
+
+
+def _hydra_message(error: Exception) -> str:
+    """Hydra's message on one line, with the cause it chains (OmegaConf's ``Key 'x' is not in struct``)."""
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    cause = error.__cause__
+    if cause is not None and str(cause).strip():
+        message += f" ({str(cause).strip().splitlines()[0]})"
+    return message
 
 
 # Module paths of the flat layout before the sub-packages (see "Upgrading" in the docs). A config that

@@ -5,28 +5,34 @@ GPU (default config): FSDP2 actor on ``trainer.*`` devices, vLLM replicas on
 CPU (``--config-name=one_step_off_ppo_cpu``): the same trainer on the CPU platform with the
 ``hf`` replica and the ``gloo`` engine, on the built-in tiny task (built on first use).
 
-The config is checked before Ray starts (``launch.prepare_config``, then every selected backend is
-installed); the trainer runs in a Ray actor as in verl.
+Every problem of the launch is found before Ray starts and printed as one list, each with its fix
+(``launch.check_command_line`` for overrides Hydra cannot compose, ``launch.prepare_config`` for the
+rest: keys, devices, data files, checkpoints, backends not installed); the trainer runs in a Ray actor
+as in verl.
 """
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from recipe.one_step_off_async.launch import prepare_config
-from recipe.one_step_off_async.preflight import check_backends
+from recipe.one_step_off_async.launch import check_command_line, prepare_config, problems_reported
 from recipe.one_step_off_async.trainer.task_runner import OneStepOffTaskRunner
 
+CONFIG_NAME = "one_step_off_ppo_trainer"
 
-@hydra.main(config_path="config", config_name="one_step_off_ppo_trainer", version_base=None)
+
+@hydra.main(config_path="config", config_name=CONFIG_NAME, version_base=None)
 def main(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
-    prepare_config(config)
-    check_backends(config)
+    with problems_reported():
+        prepare_config(config)
     run_ppo(config, task_runner_class=OneStepOffTaskRunner)
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:], CONFIG_NAME)
     main()

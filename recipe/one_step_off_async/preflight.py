@@ -1,17 +1,18 @@
 """Preflight: is every backend the config selects installed here? Checked before Ray starts.
 
-What: ``check_backends(config)`` lists the Python modules that the selected rollout engine
+What: ``missing_backends(config)`` lists the Python modules that the selected rollout engine
 (``actor_rollout_ref.rollout.name``), checkpoint engine (``rollout.checkpoint_engine.backend`` and
 ``custom_backend_module``) and attention implementation (``model.override_config.attn_implementation``)
-import, checks each one, and raises ``ConfigError`` naming every missing module with the key
-that selected it and the pip command that installs it (or the override that avoids it).
+import, checks each one, and names every missing module with the key that selected it and the pip
+command that installs it (or the override that avoids it); ``missing_devices`` names a CUDA config on a
+machine without CUDA.
 
 Why: without it a missing vLLM, cupy or flash-attn shows up minutes into a launch, inside a Ray
 worker, as an ``ImportError`` about flash-attention or as verl's "Checkpoint engine nccl not
 registered".
 
-How: ``main_ppo`` calls it right after ``prepare_config``; ``check_config`` prints what it would
-say on the current machine. ``REQUIREMENTS`` is the one table of module -> distribution -> pip
+How: ``launch.check_launch`` lists both with the launch's other problems (``main_ppo`` stops on them,
+``check_config`` prints them as what this machine lacks). ``REQUIREMENTS`` is the one table of module -> distribution -> pip
 command; ``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it without a GPU.
 """
 
@@ -24,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
-
-from recipe.one_step_off_async.errors import ConfigError
 
 # The override that switches flash-attention off (also for a key the config does not have yet).
 SDPA_OVERRIDE = "++{prefix}.override_config.attn_implementation=sdpa"
@@ -197,11 +196,16 @@ def missing_backends(config: DictConfig) -> list[str]:
     return lines
 
 
-def check_backends(config: DictConfig) -> None:
-    """Raise ``ConfigError`` naming every module the config's backends need that is missing here."""
-    lines = missing_backends(config)
-    if lines:
-        raise ConfigError(
-            "The config selects backends that this machine cannot load (pip commands run from the project root):\n"
-            + "\n".join(f"  - {line}" for line in lines)
-        )
+def missing_devices(config: DictConfig) -> list[str]:
+    """One line when the config trains on CUDA and this machine has no CUDA device; empty otherwise."""
+    if config.trainer.device != "cuda":
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return [
+        "trainer.device=cuda: this machine has no CUDA GPU (torch.cuda.is_available() is false, torch "
+        f"{torch.__version__}). Launch on the GPU machine, or try the recipe on CPU: "
+        "--config-name=one_step_off_ppo_cpu."
+    ]

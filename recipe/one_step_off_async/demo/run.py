@@ -38,12 +38,13 @@ def compose_demo_config(overrides: list[str], config_name: str = "one_step_off_p
 def train(config: DictConfig, metrics_path: Path) -> None:
     from verl.trainer.main_ppo import run_ppo
 
-    from recipe.one_step_off_async.launch import prepare_config
+    from recipe.one_step_off_async.launch import prepare_config, problems_reported
     from recipe.one_step_off_async.trainer.task_runner import OneStepOffTaskRunner
 
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
-    prepare_config(config)
+    with problems_reported():
+        prepare_config(config)
     run_ppo(config, task_runner_class=OneStepOffTaskRunner)
 
 

@@ -49,6 +49,7 @@ from recipe.one_step_off_async.trainer.checks import (
     measured_weight_version,
 )
 from recipe.one_step_off_async.trainer.clients import rollout_client
+from recipe.one_step_off_async.trainer.console import CompactConsole
 from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager
 from recipe.one_step_off_async.trainer.engine_stats import EngineStatsReader
 from recipe.one_step_off_async.trainer.pipeline import InFlightBatch, RolloutPipeline, expected_weight_version
@@ -146,14 +147,38 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     # ------------------------------------------------------------------ the step's seams
 
     def fit(self) -> None:
+        succeeded = False
         try:
             super().fit()
             self._shutdown_dump_executor()  # the last step's rollout dump lands before the process ends
+            succeeded = True
         finally:
+            # Ctrl-C reaches this thread as SystemExit (Ray stops the actor of a driver that exits).
+            if self.logger is not None:
+                # wandb & co. flush and mark the run finished (or failed): verl's fit() never finishes them,
+                # and the process is killed before Tracking.__del__ could.
+                self.logger.finish(exit_code=0 if succeeded else 1)
+                if "wandb" in self.logger.logger:
+                    import wandb
+
+                    # Stop wandb's service process now: its atexit teardown would find it killed along
+                    # with the actor and print a ConnectionResetError traceback after a clean run.
+                    wandb.teardown(exit_code=0 if succeeded else 1)
             self.train_dataloader.close()
             self.rollout_pool.close()
             if self.progress_bar is not None:
                 self.progress_bar.close()
+
+    @property
+    def logger(self):
+        """verl's ``Tracking``, which ``fit()`` creates; its console backend is the recipe's compact line."""
+        return self._tracking
+
+    @logger.setter
+    def logger(self, tracking) -> None:
+        if tracking is not None and "console" in tracking.logger and self.async_config.console == "compact":
+            tracking.logger["console"] = CompactConsole(self.total_training_steps)
+        self._tracking = tracking
 
     def _prepare_generation(self, batch_dict: dict, step: int) -> tuple[DataProto, DataProto]:
         """Build the step's batch (with uids) and the prompts sent to the rollout pool."""
