@@ -37,8 +37,14 @@ GRID = [
     ("reinforce", 1),
     ("vanilla", 1),
     ("cispo", 1),
+    ("cispo_unified_mask", 1),
     ("vanilla", 0),
 ]
+# Rows that are a loss_mode with options: (loss_mode, its overrides).
+VARIANTS = {
+    "cispo_unified_mask": ("cispo", ["+actor_rollout_ref.actor.policy_loss.cispo_use_unified_mask=true"]),
+    "topr_by_advantage": ("topr", ["+actor_rollout_ref.actor.policy_loss.topr_split=advantage"]),
+}
 
 
 def validation(metrics_file: Path) -> dict[int, float]:
@@ -51,7 +57,8 @@ def validation(metrics_file: Path) -> dict[int, float]:
     return accuracy
 
 
-def run(directory: Path, loss: str, staleness: int, seed: int, steps: int, overrides: list[str]) -> dict[int, float]:
+def run(directory: Path, row: str, staleness: int, seed: int, steps: int, overrides: list[str]) -> dict[int, float]:
+    loss, options = VARIANTS.get(row, (row, []))
     metrics_file = directory / "metrics.jsonl"
     if steps in validation(metrics_file):
         return validation(metrics_file)
@@ -70,6 +77,7 @@ def run(directory: Path, loss: str, staleness: int, seed: int, steps: int, overr
         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}",
         f"trainer.default_local_dir={directory / 'checkpoints'}",
         f"hydra.run.dir={directory / 'hydra'}",
+        *options,
         *overrides,
     ]
     started = time.monotonic()
@@ -81,7 +89,7 @@ def run(directory: Path, loss: str, staleness: int, seed: int, steps: int, overr
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    print(f"{loss} s{staleness} seed {seed}: exit {result.returncode}, {time.monotonic() - started:.0f} s", flush=True)
+    print(f"{row} s{staleness} seed {seed}: exit {result.returncode}, {time.monotonic() - started:.0f} s", flush=True)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed; see {directory / 'output.log'}")
     return validation(metrics_file)
@@ -98,12 +106,22 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("outputs/loss_table"))
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        help=f"only these rows (of {', '.join(dict.fromkeys(row for row, _ in GRID))}, and "
+        f"{', '.join(set(VARIANTS) - {row for row, _ in GRID})})",
+    )
     parser.add_argument("overrides", nargs="*", help="hydra overrides added to every run")
     args = parser.parse_args()
+    grid = [(row, s) for row, s in GRID if not args.rows or row in args.rows]
+    grid += [(row, 1) for row in args.rows or () if row not in {row for row, _ in GRID}]
+    if not grid or any(row not in VARIANTS and row not in {r for r, _ in GRID} for row, _ in grid):
+        parser.error(f"--rows {' '.join(args.rows)}: unknown row")
 
     results = {}
     for seed in args.seeds:  # seed-major: a grid cut short still has every row for the first seeds
-        for loss, staleness in GRID:
+        for loss, staleness in grid:
             directory = (args.out / f"{loss}_s{staleness}_seed{seed}").resolve()
             results[loss, staleness, seed] = run(directory, loss, staleness, seed, args.steps, args.overrides)
 
@@ -113,7 +131,7 @@ def main() -> None:
     print(f"\nGreedy validation accuracy, mean (sd) over seeds {seeds}; {args.steps} steps{extra}:\n")
     print("| loss_mode | staleness | " + " | ".join(f"step {step}" for step in checkpoints) + " |")
     print("|---|---|" + "---|" * len(checkpoints))
-    for loss, staleness in GRID:
+    for loss, staleness in grid:
         row = [cell([results[loss, staleness, seed][step] for seed in args.seeds]) for step in checkpoints]
         print(f"| `{loss}` | {staleness} | " + " | ".join(row) + " |")
 

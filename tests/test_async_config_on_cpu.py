@@ -129,6 +129,12 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["algorithm.adv_estimator=gae"], r"adv_estimator=gae with critic.enable=None: a critic \(GAE\) is not laid"),
         (["critic.enable=true"], r"adv_estimator=grpo with critic.enable=True: a critic"),
         (["actor_rollout_ref.model.lora_rank=8"], r"lora_rank=8: LoRA is not supported yet"),
+        (["algorithm.adv_estimator=gae", "critic.enable=false"], r"adv_estimator=gae with critic.enable=False"),
+        (["+actor_rollout_ref.model.lora_adapter_path=/a"], r"model.lora_adapter_path=/a: LoRA is not supported"),
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], r"tensor_model_parallel_size=0 must be a posi"),
+        (["data.train_batch_size=abc"], r"data.train_batch_size='abc' must be a positive integer"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], r"ppo_mini_batch_size=0 must be a positive integer"),
+        (["async_training.one_gpu=1"], r"async_training.one_gpu=1 must be true or false"),
         (["global_profiler.steps=[2]"], r"global_profiler.steps=\[2\]: verl profiles the rollout of step k inside"),
         (["actor_rollout_ref.rollout.calculate_log_probs=false"], r"calculate_log_probs=False"),
         (["async_training.elastic.enable=1"], r"async_training.elastic.enable=1 must be true or false"),
@@ -205,6 +211,10 @@ def test_every_problem_of_a_config_is_reported_at_once():
         "algorithm.adv_estimator=remax",
     ]
     assert str(caught.value) == "\n".join(caught.value.problems)
+    assert caught.value.skipped == (
+        "the one-GPU, elastic and partial-rollout checks (they need async_training)",
+        "the replica and batch sizes (they need both pools)",
+    )
 
 
 def test_elastic_mode_parses_and_is_off_by_default():
@@ -290,6 +300,10 @@ def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):
             compose_config("one_step_off_ppo_cpu", f"data.train_files=[{missing},{empty}]", f"data.val_files={garbage}")
         )
     assert not isinstance(caught.value, NotOnThisMachine)
+    assert caught.value.skipped == tuple(
+        f"whether data.{split} holds rows (one of its files could not be read)"
+        for split in ("train_files", "val_files")
+    )
     assert [problem.split(" ", 2)[:2] for problem in caught.value.problems] == [
         ["data.val_files:", str(garbage)],
         ["data.train_files:", str(missing)],

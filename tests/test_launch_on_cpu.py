@@ -152,3 +152,30 @@ def test_a_command_line_hydra_cannot_compose_reports_its_config_name(monkeypatch
     # Hydra's own flags and a composable command line are left to hydra.main.
     assert check_command_line(["--cfg", "job", "trainer.foo=1"], "one_step_off_ppo_trainer") is None
     assert check_command_line(["-cn", "one_step_off_ppo_cpu", "trainer.nnodes=1"], "one_step_off_ppo_trainer") is None
+
+
+def test_a_refused_override_joins_the_other_problems_and_the_rest_resolves_as_under_hydra_main(
+    monkeypatch, capsys, demo_assets
+):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit):
+        check_command_line(
+            [
+                "-cn",
+                "one_step_off_ppo_cpu",
+                "model_engine=megatrn",  # a misspelt config group option
+                "trainer.experiment_name='lr=1e-6'",  # '=' in a quoted value: fine
+                "trainer.default_local_dir=${hydra:runtime.output_dir}/checkpoints",  # resolves as under hydra.main
+                "async_training.staleness=-1",
+            ],
+            "one_step_off_ppo_trainer",
+        )
+    report = capsys.readouterr().err
+    problems = re.findall(r"^  \d+\. (.*)$", report, flags=re.MULTILINE)
+    assert len(problems) == 2, report
+    assert problems[0] == (
+        "model_engine=megatrn: In 'ppo_trainer': Could not find 'model_engine/megatrn' Available options in "
+        "'model_engine': dp megatron torchtitan veomni"
+    )
+    assert problems[1].startswith("async_training.staleness=-1 must be an integer >= 0")
+    assert "  - what depends on the refused override above" in report

@@ -28,7 +28,7 @@ from verl.workers.config import ActorConfig
 
 from recipe.one_step_off_async import launch, losses, verl_plugin
 from recipe.one_step_off_async.async_config import validate_config
-from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
 from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, validate_policy_loss
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -40,6 +40,8 @@ PARAMS = {  # not the defaults, so a key that does not reach the loss shows
     "topr_negative_weight": 1.3,
 }
 B, T = 6, 7
+# Graded scores (the sample's reward): samples 1 and 4 have the sign opposite to their outcome advantage.
+SCORES = np.array([0.5, -0.2, 0.0, 1.0, 0.3, -1.0])
 
 
 def compose_config(*overrides: str):
@@ -73,21 +75,46 @@ def reference_term(loss: str, log_prob, old_log_prob, advantages):
     if loss == "tis_pg":  # truncated IS: -[pi/pi_old]_lo^hi A log pi
         weight = np.clip(ratio, PARAMS["tis_lower_bound"], PARAMS["tis_upper_bound"])
         return -weight * advantages * log_prob, -weight * advantages
-    if loss == "topr":  # TOPR eq. 8: positive -> w+ A log pi; else w- [pi/pi_old]_0^1 A log pi
+    if loss in ("topr", "topr_by_advantage"):  # TOPR eq. 8: positive -> w+ A log pi; else w- [pi/pi_old]_0^1 A log pi
+        positive = (SCORES > 0)[:, None] if loss == "topr" else advantages > 0  # the paper: by the sample's reward
         weight = np.where(
-            advantages > 0, PARAMS["topr_positive_weight"], PARAMS["topr_negative_weight"] * np.minimum(ratio, 1.0)
+            positive, PARAMS["topr_positive_weight"], PARAMS["topr_negative_weight"] * np.minimum(ratio, 1.0)
         )
+        return -weight * advantages * log_prob, -weight * advantages
+    if loss == "cispo_unified":  # CISPO: -sg(clip(r, 1-lo, 1+hi)) A log pi, zero where PPO-clip would be flat
+        low, high = CISPO_CLIP
+        masked = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
+        weight = np.clip(ratio, 1 - low, 1 + high) * ~masked
         return -weight * advantages * log_prob, -weight * advantages
     raise AssertionError(loss)
 
 
+CISPO_CLIP = (0.15, 0.25)  # clip_ratio_low, clip_ratio_high: not verl's defaults
+
+
+def policy_loss(loss: str, config: ActorConfig, **inputs):
+    """The registered policy loss called as the recipe's actor calls it: inside verl's actor loss wrapped by
+    ``with_sample_scores``, which publishes the micro-batch's scores (``token_level_scores``, summed)."""
+    token_level_scores = torch.zeros(B, T, dtype=torch.float64)
+    token_level_scores[:, 0] = torch.tensor(SCORES)  # verl puts the reward on one token of the response
+
+    def actor_loss(model_output, data, dp_group=None):
+        return get_policy_loss_fn(loss)(**inputs, config=config)
+
+    return losses.with_sample_scores(actor_loss)(model_output=None, data={"token_level_scores": token_level_scores})
+
+
 def actor_config(loss: str, mode: str, info: dict) -> ActorConfig:
+    own = {"topr_by_advantage": {"topr_split": "advantage"}, "cispo_unified": {"cispo_use_unified_mask": True}}
+    registered = {"topr_by_advantage": "topr", "cispo_unified": "cispo"}.get(loss, loss)
     config = ActorConfig(
         strategy="fsdp",
         rollout_n=1,
         ppo_micro_batch_size_per_gpu=1,
         loss_agg_mode=mode,
-        policy_loss=OffPolicyLossConfig(loss_mode=loss, **PARAMS),
+        clip_ratio_low=CISPO_CLIP[0],
+        clip_ratio_high=CISPO_CLIP[1],
+        policy_loss=OffPolicyLossConfig(loss_mode=registered, **PARAMS, **own.get(loss, {})),
     )
     config.global_batch_info.update(info)  # what verl's ppo_loss sets before calling the policy loss
     return config
@@ -106,7 +133,7 @@ GLOBAL_INFOS = {
 @pytest.mark.parametrize("with_is_weights", [False, True], ids=["no-is", "is-weights"])
 @pytest.mark.parametrize("info", list(GLOBAL_INFOS))
 @pytest.mark.parametrize("mode", AGG_MODES)
-@pytest.mark.parametrize("loss", LOSS_MODES)
+@pytest.mark.parametrize("loss", [*LOSS_MODES, "topr_by_advantage", "cispo_unified"])
 def test_value_and_gradient_match_the_papers_formulas(loss, mode, info, with_is_weights):
     mask, log_prob, old_log_prob, advantages, is_weights = batch(seed=len(loss) + 7 * AGG_MODES.index(mode))
     assert mask.sum() == 22 and (mask.sum(axis=1) > 0).sum() == 5  # the "local" info describes this batch
@@ -122,13 +149,14 @@ def test_value_and_gradient_match_the_papers_formulas(loss, mode, info, with_is_
     expected_grad = loss_mat.grad.numpy() * is_weights * derivative
 
     log_prob_t = torch.tensor(log_prob, requires_grad=True)
-    value, metrics = get_policy_loss_fn(loss)(
+    value, metrics = policy_loss(
+        config.policy_loss.loss_mode,
+        config,
         old_log_prob=torch.tensor(old_log_prob),
         log_prob=log_prob_t,
         advantages=torch.tensor(advantages),
         response_mask=torch.tensor(mask),
         loss_agg_mode=mode,
-        config=config,
         rollout_is_weights=torch.tensor(is_weights) if with_is_weights else None,
     )
     value.backward()
@@ -137,26 +165,86 @@ def test_value_and_gradient_match_the_papers_formulas(loss, mode, info, with_is_
     assert metrics["actor/ppo_kl"] == pytest.approx((old_log_prob - log_prob)[mask].mean())
 
 
-def test_clip_metrics_count_the_truncated_tokens():
-    mask, log_prob, old_log_prob, advantages, _ = batch(seed=0)
-    ratio = np.exp(log_prob - old_log_prob)[mask]
-    inputs = {
+def loss_inputs(mask, log_prob, old_log_prob, advantages) -> dict:
+    """The keyword arguments verl's actor gives a policy loss (but the config and the rollout weights)."""
+    return {
         "old_log_prob": torch.tensor(old_log_prob),
         "log_prob": torch.tensor(log_prob),
         "advantages": torch.tensor(advantages),
         "response_mask": torch.tensor(mask),
         "loss_agg_mode": "token-mean",
     }
+
+
+def test_clip_metrics_count_the_truncated_tokens():
+    mask, log_prob, old_log_prob, advantages, _ = batch(seed=0)
+    ratio = np.exp(log_prob - old_log_prob)[mask]
+    inputs = loss_inputs(mask, log_prob, old_log_prob, advantages)
     _, tis = get_policy_loss_fn("tis_pg")(**inputs, config=actor_config("tis_pg", "token-mean", GLOBAL_INFOS["none"]))
     assert tis["actor/pg_clipfrac"] == pytest.approx((ratio > 1.2).mean())
     assert tis["actor/pg_clipfrac_lower"] == pytest.approx((ratio < 0.8).mean())
     assert 0 < tis["actor/pg_clipfrac"] < 1 and 0 < tis["actor/pg_clipfrac_lower"] < 1
 
-    _, topr = get_policy_loss_fn("topr")(**inputs, config=actor_config("topr", "token-mean", GLOBAL_INFOS["none"]))
-    negative = advantages[mask] <= 0
-    assert topr["actor/pg_clipfrac"] == pytest.approx((negative & (ratio > 1)).mean())
-    assert topr["actor/topr_positive_frac"] == pytest.approx((~negative).mean())
-    assert 0 < topr["actor/pg_clipfrac"] < 1
+    for split, config in (("score", "topr"), ("advantage", "topr_by_advantage")):
+        _, topr = policy_loss("topr", actor_config(config, "token-mean", GLOBAL_INFOS["none"]), **inputs)
+        positive = (
+            np.broadcast_to((SCORES > 0)[:, None], mask.shape)[mask] if split == "score" else advantages[mask] > 0
+        )
+        assert topr["actor/pg_clipfrac"] == pytest.approx((~positive & (ratio > 1)).mean())
+        assert topr["actor/topr_positive_frac"] == pytest.approx(positive.mean())
+        assert 0 < topr["actor/pg_clipfrac"] < 1
+    # The default split differs from the advantage's sign on graded rewards, as the test's scores make it.
+    assert (np.broadcast_to((SCORES > 0)[:, None], mask.shape) != (advantages > 0))[mask].any()
+
+
+def test_topr_without_sample_scores_fails_naming_the_other_split():
+    mask, log_prob, old_log_prob, advantages, _ = batch(seed=0)
+    with pytest.raises(OffPolicyCorrectionError, match=r"topr_split=advantage"):
+        get_policy_loss_fn("topr")(
+            **loss_inputs(mask, log_prob, old_log_prob, advantages),
+            config=actor_config("topr", "token-mean", GLOBAL_INFOS["none"]),
+        )
+
+
+def test_sample_scores_sum_each_responses_token_level_scores_padded_or_nested():
+    padded = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    nested = torch.nested.as_nested_tensor([torch.tensor([0.0, 1.0]), torch.tensor([-0.25])], layout=torch.jagged)
+    assert losses.sample_scores_of({"token_level_scores": padded}).tolist() == [1.0, 0.5]
+    assert losses.sample_scores_of({"token_level_scores": nested}).tolist() == [1.0, -0.25]
+    assert losses.sample_scores_of({}) is None
+
+
+def test_cispo_without_the_unified_mask_is_verls_own():
+    mask, log_prob, old_log_prob, advantages, is_weights = batch(seed=3)
+    inputs = {
+        **loss_inputs(mask, log_prob, old_log_prob, advantages),
+        "config": actor_config("cispo", "token-mean", GLOBAL_INFOS["none"]),
+        "rollout_is_weights": torch.tensor(is_weights),
+    }
+    assert get_policy_loss_fn("cispo") is losses.compute_policy_loss_cispo
+    ours, ours_metrics = get_policy_loss_fn("cispo")(**inputs)
+    verls, verls_metrics = losses._VERL_CISPO(**inputs)
+    assert losses._VERL_CISPO.__module__ == "verl.trainer.ppo.core_algos"
+    assert ours.item() == verls.item() and ours_metrics == verls_metrics
+
+
+def test_the_actor_loss_verl_builds_is_the_one_the_recipes_worker_wraps():
+    """Tripwire: the recipe's actor worker wraps ``self.loss_fn`` after verl's ``init_model`` builds it as
+    ``partial(ppo_loss, config=...)`` and hands it to the actor; the engine calls it with keyword arguments; the
+    trainer sends the actor the whole batch (token_level_scores included)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers import engine_workers
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.utils.losses import ppo_loss
+
+    init_model = inspect.getsource(engine_workers.ActorRolloutRefWorker.init_model)
+    assert "self.loss_fn = partial(ppo_loss, config=actor_config)" in init_model
+    assert "self.actor.set_loss_fn(self.loss_fn)" in init_model
+    assert list(inspect.signature(ppo_loss).parameters) == ["config", "model_output", "data", "dp_group"]
+    assert "loss_function(\n                    model_output=model_output, data=micro_batch, dp_group=" in (
+        inspect.getsource(transformer_impl)
+    )
+    assert "batch_td = batch.to_tensordict()" in inspect.getsource(RayPPOTrainer._update_actor)
 
 
 def test_losses_take_the_arguments_verl_passes():
@@ -188,6 +276,11 @@ def test_losses_take_the_arguments_verl_passes():
             ],
             r"policy_loss.tis_lower_bound=2 is above actor_rollout_ref.actor.policy_loss.tis_upper_bound=1",
         ),
+        (["+actor_rollout_ref.actor.policy_loss.topr_split=sign"], r"policy_loss.topr_split='sign' must be one of"),
+        (
+            ["+actor_rollout_ref.actor.policy_loss.cispo_use_unified_mask=1"],
+            r"policy_loss.cispo_use_unified_mask=1 must be true or false",
+        ),
         (
             ["+actor_rollout_ref.actor.policy_loss.kimi_tau=0.5"],
             r"Unknown key\(s\) actor_rollout_ref.actor.policy_loss.kimi_tau",
@@ -212,6 +305,12 @@ def test_good_loss_config_validates(loss):
     validate_config(config)
     validate_policy_loss(config)
     validate_policy_loss(compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items())))
+    validate_policy_loss(
+        compose_config(
+            "+actor_rollout_ref.actor.policy_loss.topr_split=advantage",
+            "+actor_rollout_ref.actor.policy_loss.cispo_use_unified_mask=true",
+        )
+    )
 
 
 def test_an_override_reaches_the_actor_config():
@@ -254,6 +353,7 @@ names = {names!r}
 print(json.dumps({{
     "ours": {{name: get_policy_loss_fn(name).__module__ for name in names if name in POLICY_LOSS_REGISTRY}},
     "vanilla": get_policy_loss_fn("vanilla").__module__,
+    "cispo": get_policy_loss_fn("cispo").__module__,
 }}))
 """
 
@@ -274,7 +374,11 @@ def probe_registry(env: dict[str, str]) -> dict:
 
 def test_verl_itself_registers_none_of_our_names():
     """Tripwire: if verl ever ships a loss under one of these names, ours would silently replace it."""
-    assert probe_registry({}) == {"ours": {}, "vanilla": "verl.trainer.ppo.core_algos"}
+    assert probe_registry({}) == {
+        "ours": {},
+        "vanilla": "verl.trainer.ppo.core_algos",
+        "cispo": "verl.trainer.ppo.core_algos",
+    }
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -286,4 +390,5 @@ def test_worker_processes_find_our_losses(device, monkeypatch):
     assert found == {
         "ours": dict.fromkeys(LOSS_MODES, "recipe.one_step_off_async.losses"),
         "vanilla": "verl.trainer.ppo.core_algos",
+        "cispo": "recipe.one_step_off_async.losses",  # verl's, wrapped for cispo_use_unified_mask
     }

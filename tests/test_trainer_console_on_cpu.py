@@ -113,3 +113,14 @@ def test_trackers_are_finished_as_failed_on_ctrl_c(finished, monkeypatch, interr
     with pytest.raises(interrupt):
         fit("trainer.logger=[console]")
     assert finished == [1]
+
+
+def test_a_tracker_that_cannot_finish_hides_neither_the_runs_error_nor_the_cleanup(monkeypatch, caplog):
+    def unreachable(self, exit_code: int = 0) -> None:
+        raise ConnectionError("wandb: network unreachable")
+
+    monkeypatch.setattr(Tracking, "finish", unreachable)
+    with pytest.raises(ValueError, match="stub generation failed"):
+        fit("trainer.logger=[console]", fail_at_step=2)
+    assert "Finishing the trackers of trainer.logger failed" in caplog.text
+    fit("trainer.logger=[console]")  # a clean run ends cleanly too, the tracker's failure logged

@@ -90,16 +90,25 @@ class ElasticConfig:
 
 
 class _Problems(list):
-    """The problems a check found, collected so that a launch reports them all at once."""
+    """The problems a check found, collected so that a launch reports them all at once, and the checks it
+    skipped because they need a value one of those problems refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: list[str] = []
 
     def require(self, condition: bool, message: str) -> bool:
         if not condition:
             self.append(message)
         return condition
 
+    def extend_from(self, error: ConfigError) -> None:
+        self.extend(error.problems)
+        self.skipped.extend(error.skipped)
+
     def raise_any(self) -> None:
         if self:
-            raise ConfigError(*self)
+            raise ConfigError(*self, skipped=tuple(self.skipped))
 
 
 def _is_count(value: object) -> bool:
@@ -186,6 +195,9 @@ class AsyncTrainingConfig:
             "(1 = push weights after every step, N = every N steps).",
         )
         problems.require(
+            isinstance(self.one_gpu, bool), f"async_training.one_gpu={self.one_gpu!r} must be true or false."
+        )
+        problems.require(
             isinstance(self.partial_rollout, bool),
             f"async_training.partial_rollout={self.partial_rollout!r} must be true or false.",
         )
@@ -206,9 +218,13 @@ class AsyncTrainingConfig:
         section = OmegaConf.select(config, "async_training")
         if section is None:
             return cls()
+        problems = _Problems()
+        problems.require(
+            isinstance(section, DictConfig), f"async_training={section!r} must be a section (staleness, ...)."
+        )
+        problems.raise_any()
         values = OmegaConf.to_container(section, resolve=True)
         elastic = values.pop("elastic", None) or {}
-        problems = _Problems()
         if problems.require(
             isinstance(elastic, dict),
             f"async_training.elastic={elastic!r} must be a section (enable, min_replicas, ...).",
@@ -216,11 +232,13 @@ class AsyncTrainingConfig:
             try:
                 values["elastic"] = _from_section(ElasticConfig, elastic, "async_training.elastic.")
             except ConfigError as error:
-                problems.extend(error.problems)
+                problems.extend_from(error)
         try:
             parsed = _from_section(cls, values, "async_training.")
         except ConfigError as error:
-            problems.extend(error.problems)
+            problems.extend_from(error)
+            if any(problem.startswith("Unknown key(s) async_training.") for problem in error.problems):
+                problems.skipped.append("the values of async_training's other keys (an unknown key stops the parse)")
         problems.raise_any()
         return parsed
 
@@ -235,7 +253,8 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     try:
         async_config = AsyncTrainingConfig.from_config(config)
     except ConfigError as error:
-        problems.extend(error.problems)
+        problems.extend_from(error)
+        problems.skipped.append("the one-GPU, elastic and partial-rollout checks (they need async_training)")
         async_config = None
     trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
 
@@ -263,21 +282,24 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
             ("actor_rollout_ref.rollout.n_gpus_per_node", rollout.n_gpus_per_node),
         )
     ]
-    replicas = _check_sizes(problems, config) if all(pools) else None
+    if all(pools):
+        replicas = _check_sizes(problems, config)
+    else:
+        replicas = None
+        problems.skipped.append("the replica and batch sizes (they need both pools)")
 
     if async_config is not None and async_config.one_gpu:
-        rollout_world = (
-            rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
-        )
+        parallel = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
+        rollout_world = "x".join(str(rollout[size]) for size in parallel)
         problems.require(
             trainer.device == "cuda"
             and (trainer.nnodes, trainer.n_gpus_per_node, rollout.nnodes, rollout.n_gpus_per_node) == (1, 1, 1, 1)
-            and rollout_world == 1,
+            and all(rollout[size] == 1 for size in parallel),
             "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one GPU: it needs "
             "trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, actor_rollout_ref.rollout.nnodes="
             "n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
             f"{trainer.device}, {trainer.nnodes}x{trainer.n_gpus_per_node}, {rollout.nnodes}x{rollout.n_gpus_per_node}, "
-            f"replica of {rollout_world}).",
+            f"tensor x data x pipeline parallel {rollout_world}).",
         )
 
     backend = rollout.checkpoint_engine.backend
@@ -318,18 +340,24 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     )
     critic = OmegaConf.select(config, "critic.enable")
     problems.require(
-        not (critic if critic is not None else config.algorithm.adv_estimator == "gae"),
+        not critic and config.algorithm.adv_estimator != "gae",
         f"algorithm.adv_estimator={config.algorithm.adv_estimator} with critic.enable={critic}: a critic (GAE) is "
         "not laid out on the recipe's pools yet (verl's critic worker stops at start-up there: with "
         "critic.strategy=fsdp on a missing fsdp_config, with fsdp2 on an unknown strategy). Use "
         "algorithm.adv_estimator=grpo with critic.enable=null.",
     )
+    model = config.actor_rollout_ref.model
+    lora = {  # what verl's RayPPOTrainer reads as LoRA
+        "actor_rollout_ref.model.lora.rank": OmegaConf.select(model, "lora.rank", default=0) or 0,
+        "actor_rollout_ref.model.lora_rank": model.get("lora_rank", 0) or 0,
+        "actor_rollout_ref.model.lora_adapter_path": model.get("lora_adapter_path"),
+    }
+    lora = {key: value for key, value in lora.items() if value}
     problems.require(
-        not OmegaConf.select(config, "actor_rollout_ref.model.lora_rank", default=0),
-        f"actor_rollout_ref.model.lora_rank={OmegaConf.select(config, 'actor_rollout_ref.model.lora_rank')}: LoRA "
-        "is not supported yet: the weight sync sends the actor's parameters under peft's names "
-        "(...q_proj.base_layer.weight), which the rollout replicas do not load. Train full weights "
-        "(actor_rollout_ref.model.lora_rank=0).",
+        not lora,
+        f"{', '.join(f'{key}={value}' for key, value in lora.items())}: LoRA is not supported yet: the weight sync "
+        "sends the actor's parameters under peft's names (...q_proj.base_layer.weight), which the rollout "
+        "replicas do not load. Train full weights (unset those keys).",
     )
     problems.require(
         not OmegaConf.select(config, "global_profiler.steps"),
@@ -350,6 +378,21 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
 def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
     """Replica and batch sizes against the pools; return the number of rollout replicas (None: no whole number)."""
     trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
+    actor = config.actor_rollout_ref.actor
+    sizes = [
+        problems.require(_is_count(value) and value > 0, f"{key}={value!r} must be a positive integer.")
+        for key, value in (
+            ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
+            ("actor_rollout_ref.rollout.data_parallel_size", rollout.data_parallel_size),
+            ("actor_rollout_ref.rollout.pipeline_model_parallel_size", rollout.pipeline_model_parallel_size),
+            ("actor_rollout_ref.rollout.n", rollout.n),
+            ("data.train_batch_size", config.data.train_batch_size),
+            ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        )
+    ]
+    if not all(sizes):
+        problems.skipped.append("the replica and batch sizes against the pools (they need those sizes)")
+        return None
     rollout_world = (
         rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
     )
@@ -362,7 +405,6 @@ def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
     )
 
     actor_world = trainer.nnodes * trainer.n_gpus_per_node
-    actor = config.actor_rollout_ref.actor
     n = rollout.n
     train_batch = config.data.get("gen_batch_size") or config.data.train_batch_size
     problems.require(
@@ -517,7 +559,9 @@ def check_data_files(config: DictConfig) -> None:
             problems.require(
                 rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."
             )
+        elif any("://" not in file for file in files):
+            problems.skipped.append(f"whether data.{key} holds rows (one of its files could not be read)")
     if problems:
-        raise ConfigError(*problems, *missing)
+        raise ConfigError(*problems, *missing, skipped=tuple(problems.skipped))
     if missing:
-        raise NotOnThisMachine(*missing)
+        raise NotOnThisMachine(*missing, skipped=tuple(problems.skipped))

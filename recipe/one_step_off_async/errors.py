@@ -15,9 +15,11 @@ class ConfigError(ValueError):
     reports every problem at once (``launch.check_launch``).
     """
 
-    def __init__(self, *problems: str) -> None:
+    def __init__(self, *problems: str, skipped: tuple[str, ...] = ()) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        # Checks not run because they need a value one of the problems refused.
+        self.skipped = tuple(skipped)
 
 
 class NotOnThisMachine(ConfigError):
@@ -28,8 +30,7 @@ class LaunchProblems(ConfigError):
     """Every problem a launch's checks found before Ray starts, printed as one list (``launch.check_launch``)."""
 
     def __init__(self, problems: list[str], skipped: list[str] = ()) -> None:
-        super().__init__(*problems)
-        self.skipped = tuple(skipped)
+        super().__init__(*problems, skipped=tuple(skipped))
 
     def report(self) -> str:
         """The list a user reads: each problem with its fix, then the checks that could not run."""

@@ -55,12 +55,13 @@ class LaunchCheck:
         """Run one check, collecting its problems; True when it found none."""
         try:
             check(*args, **kwargs)
-        except NotOnThisMachine as error:
-            self.not_here.extend(error.problems)
         except ConfigError as error:
-            self.problems.extend(error.problems)
+            (self.not_here if isinstance(error, NotOnThisMachine) else self.problems).extend(error.problems)
+            self.skipped.extend(error.skipped)
         except CheckpointError as error:
             self.problems.append(str(error))
+        except Exception as error:  # a value no check foresaw: report it with the rest, not as a traceback
+            self.problems.append(f"{check.__name__} could not check this config: {type(error).__name__}: {error}")
         else:
             return True
         return False
@@ -143,6 +144,7 @@ def check_command_line(argv: list[str], config_name: str) -> None:
     if parsed is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
         return
     from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException, MissingConfigException
 
     name, overrides = parsed
@@ -153,17 +155,23 @@ def check_command_line(argv: list[str], config_name: str) -> None:
         except HydraException as error:
             failure = error
         refused, kept = [], []
-        for override in overrides if not isinstance(failure, MissingConfigException) else ():
-            try:
-                compose(config_name=name, overrides=[*kept, override])
-                kept.append(override)
-            except HydraException as error:
-                refused.append(f"{override}: {_hydra_message(error)}")
-        config = compose(config_name=name, overrides=kept) if refused else None
+        if not (isinstance(failure, MissingConfigException) and failure.missing_cfg_file == name):
+            for override in overrides:  # about 0.3 s each, only for a command line that fails
+                try:
+                    compose(config_name=name, overrides=[*kept, override])
+                    kept.append(override)
+                except HydraException as error:
+                    refused.append(f"{override}: {_hydra_message(error)}")
+        if refused:
+            # As hydra.main composes it, so that ${hydra:runtime.output_dir} and the like resolve.
+            config = compose(config_name=name, overrides=kept, return_hydra_config=True)
+            HydraConfig.instance().set_config(config)
+            with open_dict(config):
+                del config["hydra"]
     with problems_reported():
-        if config is None:  # the config name itself, or overrides that fail only together
+        if not refused:  # the config name itself (no config to check the rest against)
             message = _hydra_message(failure)
-            if isinstance(failure, MissingConfigException):
+            if isinstance(failure, MissingConfigException) and failure.missing_cfg_file == name:
                 message = f"--config-name={name}: no such config. The recipe's are {', '.join(PROFILES)}."
             raise LaunchProblems([message], ["everything else: it needs a config to check"])
         check = check_launch(config)
@@ -188,7 +196,8 @@ def _split_command_line(argv: list[str], config_name: str) -> tuple[str, list[st
 
 def _hydra_message(error: Exception) -> str:
     """Hydra's message on one line, with the cause it chains (OmegaConf's ``Key 'x' is not in struct``)."""
-    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    text = str(error).split("Config search path:")[0]  # the search path is the same for every problem
+    message = " ".join(line.strip() for line in text.splitlines() if line.strip())
     cause = error.__cause__
     if cause is not None and str(cause).strip():
         message += f" ({str(cause).strip().splitlines()[0]})"

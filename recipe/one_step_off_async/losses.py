@@ -6,7 +6,8 @@ What: four REINFORCE-family losses, selected with verl's own key
 ``+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5`` (``+``: the keys are not in verl's YAML).
 
 Why: with staleness >= 1 every batch is off-policy; these losses are the ones ROLL ships for
-that case, behind verl's ``register_policy_loss`` so the actor needs no change.
+that case, behind verl's ``register_policy_loss`` so the actor's training code needs no change.
+Also ROLL's ``cispo_use_unified_mask`` as an option of verl's own ``cispo``.
 
 How they plug in:
 
@@ -14,7 +15,12 @@ How they plug in:
   plugin (``verl_plugin.py``, imported at ``import verl`` in every process) imports this module;
 - ``policy_loss._target_`` is ``OffPolicyLossConfig`` (``config/one_step_off_base.yaml``), a subclass
   of verl's ``PolicyLossConfig`` with the extra keys: verl builds the actor config with hydra's
-  ``instantiate``, which rejects keys its target does not declare.
+  ``instantiate``, which rejects keys its target does not declare;
+- ``topr`` splits samples by their score, which verl's policy-loss signature does not carry: the
+  recipe's actor worker (``trainer/workers.py``) wraps verl's actor loss in ``with_sample_scores``,
+  which publishes each micro-batch's sample scores (from ``token_level_scores``) for the policy loss;
+- ``cispo`` stays verl's function (re-registered under its name, called unchanged) unless
+  ``cispo_use_unified_mask`` is set.
 
 Every loss follows verl's contract (``compute_policy_loss_vanilla``): a per-token loss matrix,
 multiplied by ``rollout_is_weights`` when verl's rollout correction provides them, aggregated by
@@ -25,16 +31,19 @@ what ``rollout_is_weights`` correct). Run ``python -m pytest tests/test_losses_o
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 import verl.utils.torch_functional as verl_F
 from omegaconf import DictConfig, OmegaConf
-from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
 
 LOSS_MODES = ("topr", "kimi15", "tis_pg", "reinforce")
 
@@ -45,11 +54,25 @@ class OffPolicyLossConfig(PolicyLossConfig):
 
     topr_positive_weight: float = field(
         default=1.0,
-        metadata={"help": "topr: weight of the plain REINFORCE term of tokens with advantage > 0 (>= 0)."},
+        metadata={"help": "topr: weight of the plain REINFORCE term of the positive samples (>= 0)."},
     )
     topr_negative_weight: float = field(
         default=1.0,
-        metadata={"help": "topr: weight of the tapered term of tokens with advantage <= 0 (>= 0)."},
+        metadata={"help": "topr: weight of the tapered term of the other samples (>= 0)."},
+    )
+    topr_split: str = field(
+        default="score",
+        metadata={
+            "help": "topr: what makes a token positive. score: its sample's score > 0 (the paper's and ROLL's "
+            "split, by the reward); advantage: the token's own advantage > 0 (the same for binary GRPO rewards)."
+        },
+    )
+    cispo_use_unified_mask: bool = field(
+        default=False,
+        metadata={
+            "help": "verl's cispo: also drop the tokens PPO-clip would not move (advantage > 0 with the ratio above "
+            "1 + clip_ratio_high, advantage < 0 below 1 - clip_ratio_low), as ROLL's cispo_use_unified_mask."
+        },
     )
     kimi15_tau: float = field(
         default=0.1,
@@ -67,6 +90,8 @@ class OffPolicyLossConfig(PolicyLossConfig):
 
 
 CONFIG_TARGET = f"{OffPolicyLossConfig.__module__}.{OffPolicyLossConfig.__qualname__}"
+TOPR_SPLITS = ("score", "advantage")
+_NON_NUMERIC_KEYS = ("topr_split", "cispo_use_unified_mask")
 _OWN_KEYS = tuple(f.name for f in fields(OffPolicyLossConfig) if f.name not in PolicyLossConfig.__dataclass_fields__)
 
 
@@ -90,7 +115,15 @@ def validate_policy_loss(config: DictConfig) -> None:
             f"are {', '.join(_OWN_KEYS)} (see recipe/one_step_off_async/losses.py)."
         )
     values = {name: section.get(name, OffPolicyLossConfig.__dataclass_fields__[name].default) for name in _OWN_KEYS}
+    if values["topr_split"] not in TOPR_SPLITS:
+        raise ConfigError(f"{prefix}.topr_split={values['topr_split']!r} must be one of {', '.join(TOPR_SPLITS)}.")
+    if not isinstance(values["cispo_use_unified_mask"], bool):
+        raise ConfigError(
+            f"{prefix}.cispo_use_unified_mask={values['cispo_use_unified_mask']!r} must be true or false."
+        )
     for name, value in values.items():
+        if name in _NON_NUMERIC_KEYS:
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise ConfigError(f"{prefix}.{name}={value!r} must be a number >= 0.")
     if values["tis_lower_bound"] > values["tis_upper_bound"]:
@@ -187,6 +220,56 @@ def compute_policy_loss_tis_pg(
     }
 
 
+# verl's policy-loss signature carries advantages, not the samples' scores; topr splits by score as the paper
+# and ROLL do. The actor's loss (verl's ``ppo_loss``, which selects the fields the policy loss sees) runs inside
+# ``with_sample_scores``, which publishes each sample's score here for the policy loss of that micro-batch.
+_SAMPLE_SCORES: ContextVar[torch.Tensor | None] = ContextVar("sample_scores", default=None)
+
+
+def sample_scores_of(data) -> torch.Tensor | None:
+    """Each sample's score (its ``token_level_scores`` summed over the response), or None when absent."""
+    scores = data.get("token_level_scores", None)
+    if scores is None:
+        return None
+    if scores.is_nested:
+        return torch.stack([row.sum() for row in scores.unbind()])
+    return scores.sum(dim=-1)
+
+
+def with_sample_scores(loss_fn: Callable) -> Callable:
+    """verl's actor loss (``ppo_loss(config, model_output, data, dp_group)`` with its config bound), with the
+    micro-batch's sample scores readable by the policy loss it calls."""
+
+    @functools.wraps(loss_fn)
+    def loss(model_output, data, dp_group=None):
+        published = _SAMPLE_SCORES.set(sample_scores_of(data))
+        try:
+            return loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+        finally:
+            _SAMPLE_SCORES.reset(published)
+
+    return loss
+
+
+def _positive_samples(advantages: torch.Tensor, config: ActorConfig) -> torch.Tensor:
+    """topr's split, per token: the sample's score > 0 (``topr_split=score``) or the token's advantage > 0."""
+    split = getattr(config.policy_loss, "topr_split", "score")
+    if split == "advantage":
+        return advantages > 0
+    scores = _SAMPLE_SCORES.get()
+    if scores is None:
+        raise OffPolicyCorrectionError(
+            "policy_loss.loss_mode=topr splits samples by their score, but the actor's loss got none "
+            "(token_level_scores missing from the batch, or the actor worker is not the recipe's). Set "
+            "+actor_rollout_ref.actor.policy_loss.topr_split=advantage to split by the advantage's sign instead."
+        )
+    if scores.shape[0] != advantages.shape[0]:
+        raise OffPolicyCorrectionError(
+            f"topr got {scores.shape[0]} sample scores for a micro-batch of {advantages.shape[0]} samples."
+        )
+    return (scores.to(advantages.device) > 0)[:, None].expand_as(advantages)
+
+
 @register_policy_loss("topr")
 def compute_policy_loss_topr(
     old_log_prob: torch.Tensor,
@@ -199,27 +282,61 @@ def compute_policy_loss_topr(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Tapered Off-Policy REINFORCE (arXiv 2503.14286, eq. 8).
 
-    Positive tokens take the plain REINFORCE term ``-w+ * A * log pi``; the others take it tapered by
+    Positive samples take the plain REINFORCE term ``-w+ * A * log pi``; the others take it tapered by
     the stop-gradient ratio truncated to [0, 1]: ``-w- * sg(clip(pi/pi_old, 0, 1)) * A * log pi``
     (``w+, w-`` = ``topr_positive_weight, topr_negative_weight``).
 
-    "Positive" is the sign of the advantage of the token, ``A > 0``. The paper (and ROLL, which
-    tests ``score > 0``) splits by the sign of the reward; the loss sees only advantages, and with a
-    baseline (GRPO, RLOO) the sign of ``R - b`` is what makes an update push a sample's probability
-    down, the case the taper exists to bound. For outcome advantages (constant along a response)
-    this is the sign of the response's advantage; ``A = 0`` gives no gradient on either side.
-    ``actor/pg_clipfrac`` is the share of tokens whose ratio the taper cut to 1 (negative tokens
-    with pi > pi_old); a ratio is never below 0, so there is no lower clip fraction.
+    "Positive" is, by default (``topr_split=score``), a sample whose score (reward) is > 0, as in the paper
+    and in ROLL; ``topr_split=advantage`` takes the sign of each token's advantage instead (the recipe's
+    split before; the two agree for binary rewards with GRPO's group baseline, and differ for graded rewards
+    and token-level advantages). ``actor/pg_clipfrac`` is the share of tokens whose ratio the taper cut to 1
+    (negative tokens with pi > pi_old); a ratio is never below 0, so there is no lower clip fraction.
     """
     assert config is not None
     positive_weight = config.policy_loss.topr_positive_weight
     negative_weight = config.policy_loss.topr_negative_weight
     ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
-    positive = advantages > 0
+    positive = _positive_samples(advantages, config)
     weight = torch.where(positive, positive_weight, negative_weight * torch.clamp(ratio, max=1.0)).detach()
     pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {
         "actor/pg_clipfrac": verl_F.masked_mean((~positive & (ratio > 1.0)).float(), response_mask).item(),
         "actor/ppo_kl": ppo_kl.detach().item(),
         "actor/topr_positive_frac": verl_F.masked_mean(positive.float(), response_mask).item(),
+    }
+
+
+_VERL_CISPO = get_policy_loss_fn("cispo")
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: ActorConfig | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's CISPO (arXiv 2506.13585), with ROLL's ``cispo_use_unified_mask`` as an option.
+
+    Without the option (the default) this is verl's own function, called unchanged. With it, the tokens
+    PPO-clip would leave alone, advantage > 0 with pi/pi_old > 1 + clip_ratio_high and advantage < 0 with
+    pi/pi_old < 1 - clip_ratio_low, get no gradient; the others keep CISPO's ``-sg(clip(r)) * A * log pi``.
+    """
+    assert config is not None
+    if not getattr(config.policy_loss, "cispo_use_unified_mask", False):
+        return _VERL_CISPO(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+    masked = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
+    weight = torch.clamp(ratio, 1 - low, 1 + high).detach() * (~masked)
+    pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {
+        "actor/pg_clipfrac": verl_F.masked_mean(((ratio < 1 - low) | (ratio > 1 + high)).float(), response_mask).item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/pg_clipfrac_lower": 0.0,
+        "actor/cispo_masked_frac": verl_F.masked_mean(masked.float(), response_mask).item(),
     }

@@ -30,11 +30,11 @@ def console_line(step: int, total_steps: int, metrics: dict[str, float]) -> str:
         )
     if "timing_s/gen" in metrics:
         fields.append(f"gen {metrics['timing_s/gen']:.2f}s")
-    if metrics.get("async/partial_ratio", 0.0) > 0:
+    if metrics.get("async/partial_ratio", 0.0) > 0 and "async/staleness_mean" in metrics:
         # Partial rollout: token-weighted staleness and the share of samples spanning versions.
         fields.append(
-            f"staleness {metrics['async/staleness_mean']:.2f} [{metrics['async/staleness_min']:.0f}-"
-            f"{metrics['async/staleness_max']:.0f}] partial {metrics['async/partial_ratio']:.0%}"
+            f"staleness {metrics['async/staleness_mean']:.2f} [{metrics.get('async/staleness_min', 0):.0f}-"
+            f"{metrics.get('async/staleness_max', 0):.0f}] partial {metrics['async/partial_ratio']:.0%}"
         )
     elif "async/staleness" in metrics:
         fields.append(f"staleness {metrics['async/staleness']:.0f}")

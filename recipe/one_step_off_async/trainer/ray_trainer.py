@@ -25,6 +25,7 @@ staleness 0 is the synchronous baseline on the same pools and the same code: one
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -56,6 +57,8 @@ from recipe.one_step_off_async.trainer.pipeline import InFlightBatch, RolloutPip
 from recipe.one_step_off_async.trainer.replay import replaying
 from recipe.one_step_off_async.trainer.resume import resume_folder
 from recipe.one_step_off_async.trainer.rollout_pool import FixedRolloutPool
+
+_log = logging.getLogger(__name__)
 
 
 class OneStepOffRayTrainer(SeparateRayPPOTrainer):
@@ -155,19 +158,25 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         finally:
             # Ctrl-C reaches this thread as SystemExit (Ray stops the actor of a driver that exits).
             if self.logger is not None:
-                # wandb & co. flush and mark the run finished (or failed): verl's fit() never finishes them,
-                # and the process is killed before Tracking.__del__ could.
-                self.logger.finish(exit_code=0 if succeeded else 1)
-                if "wandb" in self.logger.logger:
-                    import wandb
-
-                    # Stop wandb's service process now: its atexit teardown would find it killed along
-                    # with the actor and print a ConnectionResetError traceback after a clean run.
-                    wandb.teardown(exit_code=0 if succeeded else 1)
+                try:
+                    self._finish_loggers(exit_code=0 if succeeded else 1)
+                except Exception:  # a tracker that cannot flush must not hide the run's own error
+                    _log.exception("Finishing the trackers of trainer.logger failed")
             self.train_dataloader.close()
             self.rollout_pool.close()
             if self.progress_bar is not None:
                 self.progress_bar.close()
+
+    def _finish_loggers(self, exit_code: int) -> None:
+        """wandb & co. flush and mark the run finished (or failed): verl's fit() never finishes them, and the
+        process is killed before ``Tracking.__del__`` could."""
+        self.logger.finish(exit_code=exit_code)
+        if "wandb" in self.logger.logger:
+            import wandb
+
+            # Stop wandb's service process now: its atexit teardown would find it killed along with the
+            # actor and print a ConnectionResetError traceback after a clean run.
+            wandb.teardown(exit_code=exit_code)
 
     @property
     def logger(self):

@@ -33,10 +33,11 @@ class OneStepOffTaskRunner:
         from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
         from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
+        from recipe.one_step_off_async.trainer.workers import OneStepOffActorRolloutRefWorker
 
         print(f"OneStepOffTaskRunner pid {os.getpid()}")
         pprint(OmegaConf.to_container(config, resolve=True))
-        role_worker_mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
+        role_worker_mapping = {Role.ActorRollout: ray.remote(OneStepOffActorRolloutRefWorker)}
         if need_critic(config):
             role_worker_mapping[Role.Critic] = ray.remote(TrainingWorker)
         if need_reference_policy(config):
