@@ -158,6 +158,7 @@ def test_a_refused_override_joins_the_other_problems_and_the_rest_resolves_as_un
     monkeypatch, capsys, demo_assets
 ):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    OmegaConf.clear_resolver("demo_asset")  # as in a fresh process: the profile's Hydra callback registers it
     with pytest.raises(SystemExit):
         check_command_line(
             [

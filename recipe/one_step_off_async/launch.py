@@ -146,6 +146,7 @@ def check_command_line(argv: list[str], config_name: str) -> None:
     from hydra import compose, initialize_config_module
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException, MissingConfigException
+    from hydra.utils import instantiate
 
     name, overrides = parsed
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
@@ -163,9 +164,12 @@ def check_command_line(argv: list[str], config_name: str) -> None:
                 except HydraException as error:
                     refused.append(f"{override}: {_hydra_message(error)}")
         if refused:
-            # As hydra.main composes it, so that ${hydra:runtime.output_dir} and the like resolve.
+            # As hydra.main prepares it, so that ${hydra:runtime.output_dir} and the resolvers its callbacks
+            # register (the CPU profile's ${demo_asset:...}) resolve.
             config = compose(config_name=name, overrides=kept, return_hydra_config=True)
             HydraConfig.instance().set_config(config)
+            for callback in (config.hydra.get("callbacks") or {}).values():
+                instantiate(callback).on_job_start(config=config)
             with open_dict(config):
                 del config["hydra"]
     with problems_reported():
