@@ -106,9 +106,15 @@ def check_launch(config: DictConfig) -> LaunchCheck:
             except Exception as error:  # verl asserts; its message names the keys
                 check.problems.append(f"verl's validation of the config: {type(error).__name__}: {error}")
         check.run(verify_resume_checkpoint, config)
-    check.not_here += missing_devices(config)
-    check.not_here += [f"Not installed on this machine: {line}" for line in missing_backends(config)]
+    check.run(_check_this_machine, config)
     return check
+
+
+def _check_this_machine(config: DictConfig) -> None:
+    """Raise ``NotOnThisMachine`` naming the devices and backends the config needs that this machine lacks."""
+    lines = missing_devices(config) + [f"Not installed on this machine: {line}" for line in missing_backends(config)]
+    if lines:
+        raise NotOnThisMachine(*lines)
 
 
 def prepare_config(config: DictConfig) -> None:

@@ -14,6 +14,7 @@ Every metric still goes to the other configured loggers (file, wandb, ...);
 from __future__ import annotations
 
 import re
+import sys
 
 MAX_LINE_CHARS = 160
 # verl's validation metrics: val-core/<data source>/<reward key>/mean@<samples per prompt>
@@ -62,7 +63,10 @@ class CompactConsole:
         self.total_steps = total_steps
 
     def log(self, data: dict, step: int) -> None:
-        print(console_line(step, self.total_steps, data), flush=True)
+        # One write, newline included: print() writes the line and its newline separately, and the trainer's
+        # data-dump thread prints between them ("... len 6Dumped generations to ...").
+        sys.stdout.write(console_line(step, self.total_steps, data) + "\n")
+        sys.stdout.flush()
 
     def finish(self) -> None:
         pass
