@@ -7,9 +7,10 @@ recipe's CPU platform, ``hf`` replica and ``gloo`` weight sync, which is the onl
 CPU), three runs each:
 
 1. four steps at a learning rate high enough that one update changes greedy answers (``BIG_LR``), greedy
-   validation before training and after every step, a checkpoint at step 2: are the validation answers
-   after step 1 those of the weights before training (the rollout's stale weights) or not (the weights the
-   actor just trained)?
+   validation before training and after every step, a checkpoint at step 2: after each step, are the
+   validation answers those of the weights before training? With the weights just trained they change at the
+   first step whose update is not zero (grad norm > 0; a batch whose every group has one reward has none);
+   with the rollout's weights, one update later.
 2. a resume from that step-2 checkpoint: does it train at step 3 the prompts the run trained at step 3?
 3. ``--steps`` steps without validation: steps per minute, with the median step time after step 2.
 
@@ -54,6 +55,8 @@ VERL_ON_CPU = [
     "actor_rollout_ref.rollout.n=4",
     "actor_rollout_ref.rollout.agent.num_workers=1",
     "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=16",
+    "actor_rollout_ref.rollout.max_num_seqs=64",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
     "actor_rollout_ref.model.use_remove_padding=false",
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -141,13 +144,16 @@ def main() -> None:
             ["trainer.total_training_steps=4", "trainer.test_freq=1", "trainer.val_before_train=true"]
             + ["trainer.save_freq=2", "trainer.resume_mode=disable", f"actor_rollout_ref.actor.optim.lr={BIG_LR}"],
         )
-        before, after = answers(first / "validation", 0), answers(first / "validation", 1)
-        same = sum(before[prompt] == after.get(prompt) for prompt in before)
+        before = answers(first / "validation", 0)
         print(f"\n{trainer}:")
-        print(
-            f"  validation after step 1: {same}/{len(before)} answers identical to those before training; "
-            f"accuracy {metrics[0][TASK]:.3f} -> {metrics[1][TASK]:.3f} -> {metrics[2][TASK]:.3f}"
-        )
+        for step in range(1, 5):  # an update with grad norm 0 (every advantage 0) leaves the weights as they were
+            after = answers(first / "validation", step)
+            same = sum(before[prompt] == after.get(prompt) for prompt in before)
+            print(
+                f"  validation after step {step}: {same}/{len(before)} answers identical to those before training "
+                f"(accuracy {metrics[step][TASK]:.3f}; this step's update: grad norm "
+                f"{metrics[step]['actor/grad_norm']:.2f})"
+            )
 
         resumed = folder / "resume_from_step_2"
         checkpoint = first / "checkpoints" / "global_step_2"

@@ -101,7 +101,9 @@ def policy_loss(loss: str, config: ActorConfig, **inputs):
     def actor_loss(model_output, data, dp_group=None):
         return get_policy_loss_fn(loss)(**inputs, config=config)
 
-    return losses.with_sample_scores(actor_loss)(model_output=None, data={"token_level_scores": token_level_scores})
+    return losses.with_sample_scores(actor_loss)(
+        model_output=None, data={"token_level_scores": token_level_scores}, dp_group=None
+    )
 
 
 def actor_config(loss: str, mode: str, info: dict) -> ActorConfig:
@@ -212,6 +214,25 @@ def test_sample_scores_sum_each_responses_token_level_scores_padded_or_nested():
     assert losses.sample_scores_of({"token_level_scores": padded}).tolist() == [1.0, 0.5]
     assert losses.sample_scores_of({"token_level_scores": nested}).tolist() == [1.0, -0.25]
     assert losses.sample_scores_of({}) is None
+
+
+def test_the_sample_score_wrapper_passes_every_argument_through():
+    """verl's engines call the actor loss with keywords; the distillation path with others (student_logits=...)."""
+    seen = []
+
+    def actor_loss(*args, **kwargs):
+        seen.append((args, kwargs, losses._SAMPLE_SCORES.get().tolist()))
+        return "loss"
+
+    wrapped = losses.with_sample_scores(actor_loss)
+    data = {"token_level_scores": torch.tensor([[1.0, 0.0], [0.0, 0.0]])}
+    assert wrapped(student_logits="logits", data=data, data_format="padded") == "loss"
+    assert wrapped("output", data) == "loss"
+    assert seen == [
+        ((), {"student_logits": "logits", "data": data, "data_format": "padded"}, [1.0, 0.0]),
+        (("output", data), {}, [1.0, 0.0]),
+    ]
+    assert losses._SAMPLE_SCORES.get() is None  # reset after each call
 
 
 def test_cispo_without_the_unified_mask_is_verls_own():

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import verl.utils.torch_functional as verl_F
 from omegaconf import DictConfig, OmegaConf
-from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, register_policy_loss
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
@@ -241,10 +242,13 @@ def with_sample_scores(loss_fn: Callable) -> Callable:
     micro-batch's sample scores readable by the policy loss it calls."""
 
     @functools.wraps(loss_fn)
-    def loss(model_output, data, dp_group=None):
+    def loss(*args, **kwargs):
+        # The engines call it with keywords (model_output=, data=, dp_group=; the distillation path as a logits
+        # processor with student_logits=, data=, data_format=): pass everything through.
+        data = kwargs["data"] if "data" in kwargs else args[1]
         published = _SAMPLE_SCORES.set(sample_scores_of(data))
         try:
-            return loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+            return loss_fn(*args, **kwargs)
         finally:
             _SAMPLE_SCORES.reset(published)
 
@@ -306,7 +310,7 @@ def compute_policy_loss_topr(
     }
 
 
-_VERL_CISPO = get_policy_loss_fn("cispo")
+_VERL_CISPO = core_algos.compute_policy_loss_cispo  # verl's own, whatever the registry holds
 
 
 @register_policy_loss("cispo")
