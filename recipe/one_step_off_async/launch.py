@@ -51,8 +51,8 @@ class LaunchCheck:
     not_here: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
-    def run(self, check: Callable[..., object], *args, **kwargs) -> bool:
-        """Run one check, collecting its problems; True when it found none."""
+    def run(self, check: Callable[..., object], *args, **kwargs) -> None:
+        """Run one check, collecting the problems it finds."""
         try:
             check(*args, **kwargs)
         except ConfigError as error:
@@ -62,9 +62,6 @@ class LaunchCheck:
             self.problems.append(str(error))
         except Exception as error:  # a value no check foresaw: report it with the rest, not as a traceback
             self.problems.append(f"{check.__name__} could not check this config: {type(error).__name__}: {error}")
-        else:
-            return True
-        return False
 
     def error(self, *earlier: str) -> LaunchProblems | None:
         """The launch's error (``earlier`` problems first), or None when nothing is wrong."""
