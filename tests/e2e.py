@@ -39,6 +39,19 @@ LOSS_SIGNATURES = {
 ONE_STEP_OFF_LOSS = "topr"  # the shared run (conftest.one_step_off_run, test_e2e_main_on_cpu.py)
 RESUME_LOSS = "kimi15"  # the resume chain (test_e2e_faults_on_cpu.py)
 KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_e2e_elastic_on_cpu.py
+# verl's advantage estimators beyond GRPO (every other run) and GAE (test_e2e_trainer_features_on_cpu.py), one
+# per run; the support matrix in docs/advance/one_step_off_async.md names these runs.
+RESUME_ESTIMATOR = "rloo"  # the resume chain
+KILL_RUN_ESTIMATOR = "reinforce_plus_plus"  # the elastic run of staleness 0
+
+
+def estimator_overrides(estimator: str) -> tuple[str, ...]:
+    return (f"algorithm.adv_estimator={estimator}",)
+
+
+def assert_estimator_ran(run, estimator: str) -> None:
+    """The task runner prints the resolved config: the run trained with ``estimator``."""
+    assert f"'adv_estimator': '{estimator}'" in run.output
 
 
 def checkpoint_engine(weights_dir) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from recipe.one_step_off_async.async_config import (
     AsyncTrainingConfig,
     ElasticConfig,
     check_data_files,
+    check_model_modality,
     validate_config,
 )
 from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
@@ -32,10 +33,11 @@ def compose_config(name: str, *overrides: str):
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_the_recipe_ships_a_gpu_a_one_gpu_and_two_cpu_configs():
+def test_the_recipe_ships_a_gpu_a_one_gpu_and_three_cpu_configs():
     assert PRIMARY == [
         "one_step_off_ppo_1gpu",
         "one_step_off_ppo_cpu",
+        "one_step_off_ppo_cpu_graded",
         "one_step_off_ppo_cpu_long_tail",
         "one_step_off_ppo_trainer",
     ]
@@ -125,12 +127,17 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             r"rollout.name='trtllm' is not a rollout backend this recipe supports",
         ),
         (["actor_rollout_ref.rollout.mode=sync"], r"rollout.mode='sync'.*Set actor_rollout_ref.rollout.mode=async"),
-        (["algorithm.adv_estimator=remax"], r"adv_estimator=remax.*use algorithm.adv_estimator=grpo"),
-        (["algorithm.adv_estimator=gae"], r"adv_estimator=gae with critic.enable=None: a critic \(GAE\) is not laid"),
-        (["critic.enable=true"], r"adv_estimator=grpo with critic.enable=True: a critic"),
-        (["actor_rollout_ref.model.lora_rank=8"], r"lora_rank=8: LoRA is not supported yet"),
-        (["algorithm.adv_estimator=gae", "critic.enable=false"], r"adv_estimator=gae with critic.enable=False"),
-        (["+actor_rollout_ref.model.lora_adapter_path=/a"], r"model.lora_adapter_path=/a: LoRA is not supported"),
+        (["algorithm.adv_estimator=remax"], r"adv_estimator=remax.*use algorithm.adv_estimator=grpo.*or gae"),
+        (["algorithm.adv_estimator=gdpo"], r"adv_estimator=gdpo: GDPO needs per-component rewards"),
+        (["algorithm.adv_estimator=optimal_token_baseline"], r"optimal_token_baseline: the optimal-token baseline"),
+        (["actor_rollout_ref.rollout.multi_turn.enable=true"], r"multi_turn.enable=true: multi-turn \(tool-calling\)"),
+        (["actor_rollout_ref.model.lora_rank=8"], r"lora_rank=8 with .*lora.merge=False: the weight sync would send"),
+        (
+            ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"]
+            + ["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"],
+            r"save_contents=\['model', 'hf_model'\] with LoRA: verl 0.9.1 writes the Hugging Face export",
+        ),
+        (["+actor_rollout_ref.model.lora_adapter_path=/a"], r"model.lora_adapter_path=/a with .*lora.merge=False"),
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], r"tensor_model_parallel_size=0 must be a posi"),
         (["data.train_batch_size=abc"], r"data.train_batch_size='abc' must be a positive integer"),
         (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], r"ppo_mini_batch_size=0 must be a positive integer"),
@@ -168,7 +175,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         ),
         (
             [*PARTIAL, "actor_rollout_ref.rollout.multi_turn.enable=true"],
-            r"partial_rollout=true with actor_rollout_ref.rollout.multi_turn.enable=true",
+            r"multi_turn.enable=true: multi-turn \(tool-calling\) agent loops have not been run through the pipeline",
         ),
         (
             [*ELASTIC, "async_training.elastic.min_replicas=2"],
@@ -208,7 +215,7 @@ def test_every_problem_of_a_config_is_reported_at_once():
         "async_training.sync_interval=0",
         "actor_rollout_ref.hybrid_engine=True",
         "trainer.n_gpus_per_node=0",
-        "algorithm.adv_estimator=remax",
+        "algorithm.adv_estimator=remax:",
     ]
     assert str(caught.value) == "\n".join(caught.value.problems)
     assert caught.value.skipped == (
@@ -273,6 +280,26 @@ def test_entry_point_rejects_a_bad_config_before_ray_starts():
     assert "actor_rollout_ref.hybrid_engine=True" in result.stderr
     assert "ray init kwargs" not in result.stdout  # printed by verl's run_ppo just before ray.init
     assert time.monotonic() - started < 60
+
+
+def test_lora_with_merged_syncs_passes():
+    validate_config(
+        compose_config(
+            "one_step_off_ppo_cpu", "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"
+        )
+    )
+
+
+def test_a_vision_language_model_is_refused_on_the_hf_rollout(tmp_path, demo_assets):
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("qwen2_vl").save_pretrained(tmp_path)
+    vlm = compose_config("one_step_off_ppo_cpu", f"actor_rollout_ref.model.path={tmp_path}")
+    with pytest.raises(ConfigError, match=r"is a vision-language model \(qwen2_vl\) and .*rollout.name=hf generates"):
+        check_model_modality(vlm)
+    check_model_modality(compose_config("one_step_off_ppo_cpu"))  # the demo model: text only
+    # vLLM takes images: nothing to refuse there (the multi-modal fields reach the actor, see the support matrix).
+    check_model_modality(compose_config("one_step_off_ppo_trainer", f"actor_rollout_ref.model.path={tmp_path}"))
 
 
 def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):

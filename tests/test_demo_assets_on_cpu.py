@@ -34,6 +34,7 @@ from recipe.one_step_off_async.demo.model import init_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
 from recipe.one_step_off_async.demo.task import (
     DATA_SOURCE,
+    GRADED_DATA_SOURCE,
     MAX_PROMPT_LENGTH,
     MAX_RESPONSE_LENGTH,
     NUM_LETTERS,
@@ -179,6 +180,13 @@ def test_parquet_rows_follow_verl_rl_format(assets):
     assert not letters["train"] & letters["val"]
 
 
+def test_graded_task_asks_the_same_problems_under_its_own_data_source(assets):
+    exact, graded = (pq.read_table(path).to_pylist() for path in (assets.val_file, assets.graded_val_file))
+    assert [row["data_source"] for row in graded] == [GRADED_DATA_SOURCE] * NUM_VAL
+    assert [{**row, "data_source": DATA_SOURCE} for row in graded] == exact
+    assert pq.read_table(assets.graded_train_file).num_rows == NUM_TRAIN
+
+
 def test_every_prompt_and_answer_fits_the_documented_lengths(assets):
     tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
     for path in (assets.train_file, assets.val_file):
@@ -234,6 +242,24 @@ def test_same_seed_writes_identical_files_and_another_seed_differs(tmp_path):
 )
 def test_reward_scores_exact_sorted_letters_and_never_raises_on_garbage(response, score):
     assert compute_score(DATA_SOURCE, response, "aabbc") == score
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        ("aabbc", 1.0),
+        ("  aabbc\n", 1.0),
+        ("aabcb", 0.6),  # the last two letters swapped
+        ("abc", 0.2),  # repeats dropped: only the first letter is in its place
+        ("aabbcc", 5 / 6),  # an extra letter costs a position
+        ("aab", 0.6),
+        ("", 0.0),
+        ("<|im_end|>aabbc", 0.0),
+        ("\x00\ufffd✓" * 100, 0.0),
+    ],
+)
+def test_graded_reward_gives_credit_per_position_and_never_raises_on_garbage(response, score):
+    assert compute_score(GRADED_DATA_SOURCE, response, "aabbc") == pytest.approx(score)
 
 
 def test_reward_rejects_rows_of_another_dataset():

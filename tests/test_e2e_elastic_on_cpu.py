@@ -25,18 +25,23 @@ from collections import Counter
 import pytest
 from e2e import (
     JOIN_RUN_LOSS,
+    KILL_RUN_ESTIMATOR,
     KILL_RUN_LOSS,
     STEPS,
+    assert_estimator_ran,
     assert_loss_ran,
     assert_trained_with_staleness,
     checkpoint_engine,
     contract_version,
+    estimator_overrides,
     loss_overrides,
     run_main,
 )
 from faults import ROLLOUT_SERVER, failing_generation, start_main
 
 pytestmark = pytest.mark.e2e
+
+LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true")
 
 ELASTIC = ("async_training.elastic.enable=true",)
 SAMPLES_PER_BATCH = 16 * 4  # data.train_batch_size x rollout.n of the CPU profile
@@ -50,7 +55,8 @@ def requests_by_replica(values: dict) -> dict[int, float]:
 
 def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path, one_step_off_run):
     # Also the synchronous baseline's run (staleness 0), weights pushed every 3 steps through files with the
-    # `checkpoint` engine (which follows the loss of a receiver), and the reinforce loss.
+    # `checkpoint` engine (which follows the loss of a receiver), the reinforce loss, and LoRA on the actor
+    # (the adapters merged into the weights each sync sends).
     # Agent-loop call 74 is the 10th request of batch 2: the 9 before it are being generated.
     weights = tmp_path / "weights"
     overrides, env = failing_generation(tmp_path, kill_replica_at_call=SAMPLES_PER_BATCH + 10)
@@ -63,6 +69,8 @@ def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path
         "trainer.test_freq=-1",
         *checkpoint_engine(weights),
         *loss_overrides(KILL_RUN_LOSS),
+        *estimator_overrides(KILL_RUN_ESTIMATOR),
+        *LORA,
         *ELASTIC,
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         *overrides,
@@ -70,6 +78,13 @@ def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path
     )
     # Every step, with the contract's versions: the trainer checked each sample's version against it.
     assert_trained_with_staleness(run, 0, 3, KILL_RUN_LOSS, STEPS, through_files=True)
+    assert_estimator_ran(run, KILL_RUN_ESTIMATOR)
+    # LoRA: a batch generated right after a sync (steps 1 and 4: v0, v3) was sampled with exactly the actor's
+    # merged weights, as full weights are; in between the rollout lags the trained adapters.
+    assert "'lora_rank': 8" in run.output
+    diffs = {step: values["training/rollout_probs_diff_max"] for step, values in run.metrics.items()}
+    assert diffs[1] < 1e-5 and diffs[STEPS] < 1e-5, diffs
+    assert diffs[3] > 10 * diffs[STEPS], diffs  # two updates of the adapters the rollout does not have yet
     # v0 at start-up (both replicas), v3 (the survivor): nothing older than the last loaded is kept.
     assert sorted(p.name for p in weights.glob("v*")) == ["v0", "v3"]
     assert [p.name for p in (weights / "v3").glob("loaded-*")] == ["loaded-1"]

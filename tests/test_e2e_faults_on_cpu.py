@@ -35,10 +35,13 @@ from pathlib import Path
 import pytest
 from e2e import (
     ONE_STEP_OFF_STEPS,
+    RESUME_ESTIMATOR,
     RESUME_LOSS,
     Run,
+    assert_estimator_ran,
     assert_loss_ran,
     contract_version,
+    estimator_overrides,
     loss_overrides,
     main_until_ray,
     pickled_globals,
@@ -78,6 +81,7 @@ CHAIN = (
     # run during the seconds Ctrl-C takes to tear Ray down, leaving launch 2 no update to kill.
     "actor_rollout_ref.actor.ppo_epochs=8",
     *loss_overrides(RESUME_LOSS),
+    *estimator_overrides(RESUME_ESTIMATOR),
 )
 
 
@@ -251,6 +255,7 @@ def test_chain_trains_every_batch_once_in_order_with_the_contract_versions(resum
         if step not in CHAIN_SYNCED_STEPS:
             assert values["timing_s/sync_weights"] == 0.0
         assert_loss_ran(values, RESUME_LOSS)
+    assert_estimator_ran(finished, RESUME_ESTIMATOR)
 
     assert last % CHAIN_SYNC_INTERVAL != 0  # the resume point is in the middle of a sync interval
     resumed_first = finished.metrics[last + 1]["async/weight_version"]

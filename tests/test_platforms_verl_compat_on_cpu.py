@@ -125,6 +125,84 @@ def test_ray_trainer_still_asserts_hybrid_engine():
     )
 
 
+def test_p3_verl_still_loads_the_value_model_with_flash_attention():
+    """Why the critic's value model is loaded by verl_patches._load_valuehead_model on CPU."""
+    import verl.utils.model
+    from verl.workers.engine.fsdp import transformer_impl
+
+    engine = inspect.getsource(transformer_impl.FSDPEngine._build_module)
+    assert "from verl.utils.model import load_valuehead_model" in engine  # looked up at call time: patchable
+    assert verl.utils.model.load_valuehead_model is verl_patches._load_valuehead_model
+    verl_source = (Path(verl.__file__).parent / "utils" / "model.py").read_text()
+    assert re.search(r'def load_valuehead_model\(.*?attn_implementation="flash_attention_2"', verl_source, re.S)
+
+
+def test_p3_the_value_model_loads_with_the_configured_attention(demo_assets):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(demo_assets.model_dir, attn_implementation="sdpa")
+    config.num_labels = 1
+    model = verl_patches._load_valuehead_model(demo_assets.model_dir, torch.float32, config, False)
+    assert model.config._attn_implementation == "sdpa"
+    assert model.score.out_features == 1  # one value per token
+
+
+def test_p4_verl_still_pins_the_reference_policy_offload():
+    """Why forward-only FSDP2 engines (the KL reference) get an unpinned CPUOffloadPolicy on CPU."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    source = inspect.getsource(transformer_impl.FSDPEngine._build_fsdp_module)
+    assert "if self.engine_config.offload_policy or self.engine_config.forward_only:" in source
+    assert "offload_policy = CPUOffloadPolicy(pin_memory=True)" in source
+    assert transformer_impl.CPUOffloadPolicy is verl_patches._unpinned_cpu_offload_policy
+    assert transformer_impl.CPUOffloadPolicy(pin_memory=True).pin_memory is False
+
+
+def test_p5_verl_still_casts_merged_lora_weights_to_bf16():
+    """Why verl_patches._merged_lora_per_tensor_param replaces verl's generator on CPU (same steps, no cast)."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    assert transformer_impl.FSDPEngine._merged_lora_per_tensor_param is verl_patches._merged_lora_per_tensor_param
+    tree = ast.parse((Path(verl.__file__).parent / "workers/engine/fsdp/transformer_impl.py").read_text())
+    (engine,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FSDPEngine"]
+    (method,) = [n for n in engine.body if isinstance(n, ast.FunctionDef) and n.name == "_merged_lora_per_tensor_param"]
+    source = ast.unparse(method)
+    assert ".full_tensor().to(torch.bfloat16, non_blocking=True)" in source
+    for step in (
+        "merged_lora_context(self.module, backup_adapters=True)",
+        "normalize_peft_param_name(",
+        "convert_weight_keys(",
+    ):
+        assert step in source and step in inspect.getsource(verl_patches._merged_lora_per_tensor_param), step
+    # The merged path is what a sync sends when model.lora.merge is true.
+    sync = inspect.getsource(transformer_impl.FSDPEngine.get_per_tensor_param)
+    assert "return self._merged_lora_per_tensor_param(), None" in sync
+
+
+def test_verl_still_exports_a_lora_actor_to_hugging_face_under_peft_names():
+    """Why a LoRA actor with hf_model in checkpoint.save_contents is refused (async_config.validate_config)."""
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    source = inspect.getsource(FSDPCheckpointManager.save_checkpoint)
+    assert "state_dict = get_fsdp_full_state_dict(self.model, offload_to_cpu=True, rank0_only=True)" in source
+    assert "save_model.save_pretrained(hf_local_path, state_dict=state_dict)" in source
+    assert "merge_and_unload" not in source and "normalize_peft_param_name" not in source
+
+
+def test_separation_trainer_still_reads_the_critic_fsdp_config_from_its_model():
+    """Why OneStepOffRayTrainer._create_critic_class builds the critic as RayPPOTrainer.init_workers does."""
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    separation = inspect.getsource(SeparateRayPPOTrainer._create_critic_class)
+    assert "engine_config: FSDPEngineConfig = self.orig_critic_cfg.model.fsdp_config" in separation
+    assert 'raise NotImplementedError(f"Unknown strategy {self.orig_critic_cfg.strategy=}")' in separation
+    # The recipe follows the main trainer: the engine config is the critic's `engine`, verl's value loss
+    # reads `orig_critic_cfg`.
+    assert "engine_config: EngineConfig = orig_critic_cfg.engine" in inspect.getsource(RayPPOTrainer.init_workers)
+    assert "partial(value_loss, config=self.orig_critic_cfg)" in inspect.getsource(SeparateRayPPOTrainer)
+
+
 def _clean_env() -> dict[str, str]:
     import os
 

@@ -99,6 +99,7 @@ def test_verl_default_attention_counts_as_flash_attention_2(without):
         "one_step_off_ppo_cpu",
         "algorithm.adv_estimator=gae",
         "~actor_rollout_ref.model.override_config.attn_implementation",
+        "~critic.model.override_config.attn_implementation",
     )
 
     message = error_of(config)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.async_config import check_data_files, validate_config
+from recipe.one_step_off_async.async_config import check_data_files, check_model_modality, validate_config
 from recipe.one_step_off_async.errors import CheckpointError, ConfigError, LaunchProblems, NotOnThisMachine
 from recipe.one_step_off_async.losses import validate_policy_loss
 from recipe.one_step_off_async.platforms import one_gpu
@@ -91,6 +91,7 @@ def check_launch(config: DictConfig) -> LaunchCheck:
         check.skipped += ["the data files", "verl's own validation of the config", "the checkpoint to resume from"]
     else:
         check.run(check_data_files, config)
+        check.run(check_model_modality, config)
         if check.problems:  # verl's assertions would repeat the recipe's findings, less clearly
             check.skipped.append("verl's own validation of the config (verl.utils.config.validate_config)")
         else:

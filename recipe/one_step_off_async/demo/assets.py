@@ -6,6 +6,7 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
     model/          tokenizer + Qwen2 weights + generation_config.json (load with from_pretrained)
     train.parquet   4096 rows in verl's RL format
     val.parquet     128 rows, disjoint from train
+    graded_{train,val}.parquet   the same problems with partial credit (task.GRADED_DATA_SOURCE)
     long_tail_{train,val}.parquet, long_tail_agent_loop.yaml   the long-tail task (long_tail.py)
     manifest.json   what was built and the warm start's val accuracy; written last
 
@@ -48,13 +49,20 @@ from recipe.one_step_off_async.demo import long_tail
 from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
 from recipe.one_step_off_async.demo.model import init_model, save_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
-from recipe.one_step_off_async.demo.task import MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, split_problems, write_splits
+from recipe.one_step_off_async.demo.task import (
+    GRADED_DATA_SOURCE,
+    MAX_PROMPT_LENGTH,
+    MAX_RESPONSE_LENGTH,
+    split_problems,
+    write_splits,
+)
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
 from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_start
 
 logger = logging.getLogger(__name__)
 
-ASSETS_VERSION = "v3"  # v1: a tokenizer that did not survive save + reload; v2: no long-tail task
+# v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task
+ASSETS_VERSION = "v4"
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
@@ -76,6 +84,8 @@ class DemoAssets:
     seed: int
     val_greedy_accuracy: float  # of the warm-started model, measured by the build
     val_sampled_accuracy: float  # same, one sample per prompt at temperature 1
+    graded_train_file: str  # the graded sort task: same problems, partial credit
+    graded_val_file: str
     long_tail_train_file: str  # the long-tail task (long_tail.py), same model and reward
     long_tail_val_file: str
     long_tail_agent_loop_config: str  # actor_rollout_ref.rollout.agent.agent_loop_config_path
@@ -148,6 +158,7 @@ def _build(out_dir: Path, seed: int) -> None:
     tokenizer = build_tokenizer()
     problems = split_problems(seed)
     paths = write_splits(problems, out_dir)
+    graded_paths = write_splits(problems, out_dir, GRADED_DATA_SOURCE, prefix="graded_")
     long_tail_paths = long_tail.write_splits(out_dir, seed)
     agent_loop_config = long_tail.write_agent_loop_config(out_dir)
     val_rows = read_rows(paths["val"])
@@ -164,6 +175,8 @@ def _build(out_dir: Path, seed: int) -> None:
             "model_dir": MODEL_SUBDIR,
             "train_file": paths["train"].name,
             "val_file": paths["val"].name,
+            "graded_train_file": graded_paths["train"].name,
+            "graded_val_file": graded_paths["val"].name,
             "long_tail_train_file": long_tail_paths["train"].name,
             "long_tail_val_file": long_tail_paths["val"].name,
             "long_tail_agent_loop_config": agent_loop_config.name,
@@ -205,6 +218,8 @@ def _load(root: Path, seed: int) -> DemoAssets:
         seed=seed,
         val_greedy_accuracy=manifest["val_greedy_accuracy"],
         val_sampled_accuracy=manifest["val_sampled_accuracy"],
+        graded_train_file=str(files["graded_train_file"]),
+        graded_val_file=str(files["graded_val_file"]),
         long_tail_train_file=str(files["long_tail_train_file"]),
         long_tail_val_file=str(files["long_tail_val_file"]),
         long_tail_agent_loop_config=str(files["long_tail_agent_loop_config"]),

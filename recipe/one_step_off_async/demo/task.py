@@ -3,7 +3,12 @@
 What: a prompt ``sort dbeca`` asks for the letters in alphabetical order, duplicates kept
 (``abcde``; ``sort abcab`` -> ``aabbc``). Letters come from ``a``-``j``, so about 70% of the
 problems contain a repeated letter. The rule-based reward (``reward.py``) and the offline accuracy
-check (``evaluate.py``) both score answers with ``score_answer`` below.
+check (``evaluate.py``) both score answers with ``score_answer`` below: all or nothing.
+
+The graded variant (``GRADED_DATA_SOURCE``, the ``one_step_off_ppo_cpu_graded`` profile) asks the same
+problems and gives partial credit, the share of positions holding the right letter
+(``score_positions``), so advantages within a group are not just the sign of a binary reward, as with
+graded rewards in practice (unit tests passed, rubric points); the off-policy correction is measured on both.
 
 Why this task: prompts (18 tokens with the chat template) and answers (at most 6 tokens incl.
 eos) are short, so a 0.4M-parameter model trains in seconds on one CPU core, and repeated letters
@@ -22,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA_SOURCE = "one_step_off_async/sort_letters"
+GRADED_DATA_SOURCE = "one_step_off_async/sort_letters_graded"
 ABILITY = "sorting"
 ALPHABET = "abcdefghij"
 NUM_LETTERS = 5
@@ -82,11 +88,11 @@ def split_problems(seed: int) -> dict[str, list[Problem]]:
     return {"val": problems[:NUM_VAL], "train": problems[NUM_VAL:]}
 
 
-def to_rows(problems: list[Problem], split: str) -> list[dict]:
-    """Rows in verl's RL dataset format."""
+def to_rows(problems: list[Problem], split: str, data_source: str = DATA_SOURCE) -> list[dict]:
+    """Rows in verl's RL dataset format; ``data_source`` picks the scoring (exact or graded)."""
     return [
         {
-            "data_source": DATA_SOURCE,
+            "data_source": data_source,
             "prompt": problem.messages,
             "ability": ABILITY,
             "reward_model": {"style": "rule", "ground_truth": problem.answer},
@@ -96,12 +102,15 @@ def to_rows(problems: list[Problem], split: str) -> list[dict]:
     ]
 
 
-def write_splits(splits: dict[str, list[Problem]], out_dir: str | Path) -> dict[str, Path]:
-    """Write each split's rows to ``<out_dir>/<split>.parquet``; return the paths by split."""
+def write_splits(
+    splits: dict[str, list[Problem]], out_dir: str | Path, data_source: str = DATA_SOURCE, prefix: str = ""
+) -> dict[str, Path]:
+    """Write each split's rows to ``<out_dir>/<prefix><split>.parquet``; return the paths by split."""
     paths = {}
     for split, problems in splits.items():
-        paths[split] = Path(out_dir) / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(to_rows(problems, split), schema=ROW_SCHEMA), paths[split])
+        paths[split] = Path(out_dir) / f"{prefix}{split}.parquet"
+        rows = to_rows(problems, split, data_source)
+        pq.write_table(pa.Table.from_pylist(rows, schema=ROW_SCHEMA), paths[split])
     return paths
 
 
@@ -111,3 +120,14 @@ def score_answer(response: str, ground_truth: str) -> float:
     Any string is accepted: garbage, empty or overlong text scores 0.0.
     """
     return 1.0 if response.strip() == ground_truth else 0.0
+
+
+def score_positions(response: str, ground_truth: str) -> float:
+    """Share of the answer's positions holding the right letter, over the longer of response and answer.
+
+    ``abcde`` for ``abcde`` scores 1.0, ``abced`` 0.6, ``abcdef`` 5/6 (an extra letter costs a position),
+    ``abcd`` 0.8, garbage or empty text 0.0. Surrounding whitespace is ignored, as in ``score_answer``.
+    """
+    response = response.strip()
+    matches = sum(got == want for got, want in zip(response, ground_truth, strict=False))
+    return matches / max(len(response), len(ground_truth))

@@ -12,6 +12,17 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
 - ``verl/single_controller/ray/base.py`` ``ResourcePoolManager._check_resource_available``:
   counts only the ``GPU``/``NPU`` Ray resources, so every pool looks unsatisfiable on CPU.
   Count the platform's own Ray resource instead.
+- ``verl/utils/model.py`` ``load_valuehead_model``: loads the critic's value model with
+  ``attn_implementation="flash_attention_2"`` whatever the config says; flash-attention has no CPU
+  build, so a critic (GAE) cannot start. Load it with the attention the model config names.
+- ``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._build_fsdp_module``: a forward-only
+  FSDP2 engine (the reference policy of a KL term) gets ``CPUOffloadPolicy(pin_memory=True)``; pinning
+  needs an accelerator (``RuntimeError: Cannot access accelerator device``). On CPU, where the
+  parameters already live, the policy is built without pinning.
+- ``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._merged_lora_per_tensor_param``: the
+  LoRA-merged weights a sync sends are cast to bf16, whatever the rollout's dtype (full weights keep
+  theirs). The CPU rollout runs in fp32, so a LoRA run's rollout would sample from rounded weights
+  (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the model's dtype.
 """
 
 from __future__ import annotations
@@ -58,9 +69,67 @@ def patch_resource_pool_check() -> None:
     base.ResourcePoolManager._check_resource_available = _check_resource_available
 
 
+def _load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+    """Like verl's first branch (a token-classification head, num_labels=1), with the config's attention."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path,
+        torch_dtype=torch_dtype,
+        config=model_config,
+        attn_implementation=getattr(model_config, "_attn_implementation", None) or "sdpa",
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def patch_value_model_attention() -> None:
+    """``verl/utils/model.py``: ``load_valuehead_model`` (the FSDP engine imports it at call time)."""
+    import verl.utils.model
+
+    verl.utils.model.load_valuehead_model = _load_valuehead_model
+
+
+def _unpinned_cpu_offload_policy(pin_memory: bool = True):
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=False)
+
+
+def patch_reference_offload_pinning() -> None:
+    """``verl/workers/engine/fsdp/transformer_impl.py``: the ``CPUOffloadPolicy`` name it builds policies with."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    transformer_impl.CPUOffloadPolicy = _unpinned_cpu_offload_policy
+
+
+def _merged_lora_per_tensor_param(self):
+    """verl's generator of merged (base + LoRA) weights, without its cast of each tensor to bf16."""
+    from verl.workers.engine.fsdp import transformer_impl as impl
+
+    try:
+        with impl.merged_lora_context(self.module, backup_adapters=True):
+            params = impl.normalize_peft_param_name(self.module.state_dict())
+            params = impl.convert_weight_keys(params, getattr(self.module, "_fsdp_wrapped_module", self.module))
+            for name, param in params.items():  # materialized inside the context, which restores the base
+                yield name, param.full_tensor() if isinstance(param, impl.DTensor) else param.detach().clone()
+    finally:
+        if self._is_offload_param:
+            impl.offload_fsdp_model_to_cpu(self.module)
+
+
+def patch_merged_lora_dtype() -> None:
+    """``verl/workers/engine/fsdp/transformer_impl.py``: ``FSDPEngine._merged_lora_per_tensor_param``."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    transformer_impl.FSDPEngine._merged_lora_per_tensor_param = _merged_lora_per_tensor_param
+
+
 def apply_all() -> None:
     patch_distributed_backend_default()
     patch_resource_pool_check()
+    patch_value_model_attention()
+    patch_reference_offload_pinning()
+    patch_merged_lora_dtype()
 
 
 def apply_when_cpu_is_selected() -> None:

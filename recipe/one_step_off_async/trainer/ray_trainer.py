@@ -90,6 +90,36 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         )
         self.resource_pool_to_cls[pool][str(Role.ActorRollout)] = actor_cls
 
+    def _create_critic_class(self) -> None:
+        """The critic (GAE) as verl's ``RayPPOTrainer.init_workers`` builds it, on the training pool.
+
+        Works around ``verl/experimental/separation/ray_trainer.py`` ``_create_critic_class`` (verl 0.9.1),
+        which reads ``critic.model.fsdp_config`` (gone from ``HFModelConfig``: ``AttributeError``) and refuses
+        ``fsdp2``; the FSDP engine settings are ``critic.engine``, the critic's ``fsdp`` section.
+        """
+        if not self.use_critic:
+            return
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.engine_workers import TrainingWorkerConfig
+
+        critic = self.orig_critic_cfg = omega_conf_to_dataclass(self.config.critic)  # verl's value loss reads it
+        engine = critic.engine
+        engine.infer_max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+        engine.max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+        profiler = self.config.critic.get("profiler")
+        worker_config = TrainingWorkerConfig(
+            model_type="value_model",
+            model_config=critic.model,
+            engine_config=engine,
+            optimizer_config=critic.optim,
+            checkpoint_config=critic.checkpoint,
+            profiler_config=omega_conf_to_dataclass(profiler) if profiler else None,
+        )
+        pool = self.resource_pool_manager.get_resource_pool(Role.Critic)
+        self.resource_pool_to_cls[pool][str(Role.Critic)] = RayClassWithInitArgs(
+            cls=self.role_worker_mapping[Role.Critic], config=worker_config
+        )
+
     def init_workers(self) -> None:
         super().init_workers()
         self._start_pipeline()

@@ -1,0 +1,115 @@
+"""verl trainer features beyond the recipe's defaults, through the pipeline: one run of the real entry point on CPU.
+
+The run a PPO user would type, at staleness 1: ``algorithm.adv_estimator=gae`` (a critic on the training
+pool, the CPU profile's ``critic`` section) with ``trainer.critic_warmup=2`` (the actor starts updating at
+step 2), a KL loss against the reference policy (``actor.use_kl_loss``) and a KL penalty in the reward
+(``algorithm.use_kl_in_reward``), dynamic batch sizes for every model, verl's ``dapo`` reward manager
+(with its overlong penalty), the tensorboard tracker, validation generations logged to it, and a
+checkpoint that also holds the actor in Hugging Face format (``checkpoint.save_contents``). The rows
+of the support matrix (docs/advance/one_step_off_async.md) for these features name this test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from e2e import contract_version, run_main
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 4
+CRITIC_WARMUP = 2
+DYNAMIC_BATCH_SIZES = (
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+    "critic.use_dynamic_bsz=true",
+)
+DAPO_REWARD = (
+    "reward.reward_manager.name=dapo",
+    # Responses longer than 4 of the 6 tokens lose reward: the manager's own, visible effect.
+    "+reward.reward_kwargs.overlong_buffer_cfg={enable:true,len:2,penalty_factor:1.0,log:true}",
+    "+reward.reward_kwargs.max_resp_len=6",
+)
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory, demo_assets):
+    directory = tmp_path_factory.mktemp("ppo_gae_kl")
+    return run_main(
+        directory,
+        "algorithm.adv_estimator=gae",
+        f"trainer.critic_warmup={CRITIC_WARMUP}",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "algorithm.use_kl_in_reward=true",
+        *DYNAMIC_BATCH_SIZES,
+        *DAPO_REWARD,
+        "trainer.logger=[console,file,tensorboard]",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.val_before_train=false",
+        f"trainer.test_freq={STEPS}",
+        "trainer.log_val_generations=2",
+        f"trainer.save_freq={STEPS}",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        env={"TENSORBOARD_DIR": str(directory / "tensorboard")},
+    )
+
+
+def test_ppo_with_a_critic_and_kl_trains_on_the_pipeline(ppo_run):
+    assert ppo_run.returncode == 0, ppo_run.output[-5000:]
+    metrics = ppo_run.metrics
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    for step, values in metrics.items():
+        # The critic trains every step, warm-up included; its values feed GAE.
+        for key in ("critic/vf_loss", "critic/values/mean", "critic/returns/mean", "timing_s/update_critic"):
+            assert math.isfinite(values[key]), f"step {step} {key}"
+        # KL in reward: the penalty is computed against the reference every step.
+        assert "actor/reward_kl_penalty" in values, f"step {step}"
+        # The pipeline's contract holds with the extra workers on the training pool.
+        assert values["async/weight_version"] == contract_version(step, 1, 1)
+        if step < CRITIC_WARMUP:
+            assert "actor/pg_loss" not in values, f"step {step}: the actor updated during the critic's warm-up"
+        else:
+            assert math.isfinite(values["actor/pg_loss"]) and math.isfinite(values["actor/kl_loss"]), f"step {step}"
+    # The actor moved away from the reference after its first update (step CRITIC_WARMUP).
+    assert metrics[STEPS]["actor/kl_loss"] > 0
+    assert metrics[STEPS]["actor/reward_kl_penalty"] != 0
+    for key in ("use_dynamic_bsz", "log_prob_use_dynamic_bsz"):
+        assert f"'{key}': False" not in ppo_run.output  # the resolved config the task runner printed
+
+
+def test_the_dapo_reward_manager_scored_the_batches(ppo_run):
+    for step in range(1, STEPS + 1):
+        samples = [json.loads(line) for line in (ppo_run.directory / "rollouts" / f"{step}.jsonl").open()]
+        assert all("overlong_reward" in sample for sample in samples), f"step {step}"
+    assert "val-aux/one_step_off_async/sort_letters/overlong_reward/mean@1" in ppo_run.metrics[STEPS]
+
+
+def test_tensorboard_gets_the_metrics_and_the_validation_generations(ppo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars, generations = {}, []
+    for events in sorted((ppo_run.directory / "tensorboard").iterdir()):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        tags = accumulator.Tags()
+        scalars |= {tag: [event.step for event in accumulator.Scalars(tag)] for tag in tags["scalars"]}
+        if "val/generations/text_summary" in tags["tensors"]:
+            generations += accumulator.Tensors("val/generations/text_summary")
+    assert scalars["critic/vf_loss"] == list(range(1, STEPS + 1))
+    assert scalars["async/staleness"] == list(range(1, STEPS + 1))
+    [logged] = generations
+    assert logged.step == STEPS
+    assert b"### Sample 2" in logged.tensor_proto.string_val[0]
+
+
+def test_the_checkpoint_holds_the_actor_in_hugging_face_format(ppo_run, demo_assets):
+    from transformers import AutoModelForCausalLM
+
+    exported = ppo_run.directory / "checkpoints" / f"global_step_{STEPS}" / "actor" / "huggingface"
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    start = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir)
+    assert model.state_dict().keys() == start.state_dict().keys()
+    assert any(not (model.state_dict()[name] == weights).all() for name, weights in start.state_dict().items())
