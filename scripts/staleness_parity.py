@@ -18,14 +18,18 @@ to interrupt) share one staleness-0 baseline; a policy loss gets its own.
 
 Why: the recipe promises faster steps with the same learning. The default correction must be the
 one that keeps staleness 1's gain closest to staleness 0's, measured on a task where advantages are
-graded as well as on the binary one (docs/advance/one_step_off_async.md, "Learning per step").
+graded as well as on the binary one (docs/advance/one_step_off_async.md, "Off-policy correction: the
+default and why"). The s1/s0 ratio is unstable when a baseline gains little: read it with the paired
+difference. ``partial`` depends on timing (where a sync interrupts a request), so its runs vary with
+the load of the machine more than the others.
 
-How (runs go JOBS at a time in the background; a finished run is not run again, so a cut grid resumes)::
+How (runs go JOBS at a time in the background; a finished run with the same overrides, steps and
+profile is not run again, so a cut grid resumes)::
 
     # screen: every candidate, graded task, 4 seeds
     python scripts/staleness_parity.py --tasks graded --seeds 0 1 2 3
-    # confirm: today's default and the best candidates, both tasks, 8 seeds
-    python scripts/staleness_parity.py --tasks graded binary --seeds 0 1 2 3 4 5 6 7 \\
+    # confirm: today's default and the best candidates on fresh seeds (not those the screen picked on)
+    python scripts/staleness_parity.py --tasks graded binary --seeds 4 5 6 7 8 9 10 11 \\
         --candidates token_is bypass no_correction
 
 A summary (per-seed finals, curves, the table) goes to ``<out>/summary.json`` for
@@ -86,13 +90,19 @@ def validation(metrics: dict[int, dict], metric: str) -> dict[int, float]:
 
 
 def run(out: Path, task: str, name: str, staleness: int, seed: int, overrides: list[str]) -> dict[int, float]:
-    """Validation by step of one run, run now unless a finished one is on disk."""
+    """Validation by step of one run, run now unless a finished one with the same settings is on disk."""
     directory = out / task / f"{name}_s{staleness}_seed{seed}"
     config_name, metric = TASKS[task]
+    settings = {"overrides": overrides, "steps": STEPS, "test_freq": TEST_FREQ, "config": config_name}
     done = directory / "validation.json"
     if done.exists():
-        return {int(step): value for step, value in json.loads(done.read_text()).items()}
-    if directory.exists():  # an interrupted run: start it again
+        saved = json.loads(done.read_text())
+        if "curve" not in saved:  # written before the settings were recorded (same grid)
+            return {int(step): value for step, value in saved.items()}
+        if {key: saved[key] for key in settings} == settings:
+            return {int(step): value for step, value in saved["curve"].items()}
+        print(f"{directory}: measured with other settings ({saved['overrides']}); running it again", flush=True)
+    if directory.exists():  # an interrupted run, or other settings: start it again
         for path in sorted(directory.rglob("*"), reverse=True):
             path.rmdir() if path.is_dir() else path.unlink()
         directory.rmdir()
@@ -115,7 +125,7 @@ def run(out: Path, task: str, name: str, staleness: int, seed: int, overrides: l
     curve = validation(metrics, metric)
     if STEPS not in curve:
         sys.exit(f"{directory}: no validation at step {STEPS}; see {directory / 'output.log'}")
-    done.write_text(json.dumps(curve))
+    done.write_text(json.dumps({**settings, "curve": curve}))
     print(f"{task} {name} s{staleness} seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
     return curve
 
@@ -191,10 +201,13 @@ def main() -> None:
                 runs[task, name, 1, seed] = overrides
                 runs[task, baseline, 0, seed] = baseline_overrides(baseline)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {
-            key: pool.submit(run, out, key[0], key[1], key[2], key[3], overrides) for key, overrides in runs.items()
-        }
-        curves = {key: future.result() for key, future in futures.items()}
+        futures = {key: pool.submit(run, out, *key, overrides) for key, overrides in runs.items()}
+        try:
+            curves = {key: future.result() for key, future in futures.items()}
+        except BaseException:  # a failed run (SystemExit) or Ctrl-C: start no more runs
+            for future in futures.values():
+                future.cancel()
+            raise
 
     summary = {"steps": STEPS, "test_freq": TEST_FREQ, "final_window": FINAL_WINDOW, "tasks": {}}
     for task in args.tasks:

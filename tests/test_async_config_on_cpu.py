@@ -137,7 +137,22 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             + ["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"],
             r"save_contents=\['model', 'hf_model'\] with LoRA: verl 0.9.1 writes the Hugging Face export",
         ),
-        (["+actor_rollout_ref.model.lora_adapter_path=/a"], r"model.lora_adapter_path=/a with .*lora.merge=False"),
+        (
+            ["+actor_rollout_ref.model.lora_adapter_path=/a"],
+            r"lora_adapter_path=/a with .*lora_rank=0: the fsdp2 actor",
+        ),
+        (
+            ["actor_rollout_ref.model.lora.rank=8"],
+            r"lora.rank=8 is Megatron's LoRA key; the fsdp2 actor reads .*lora_rank",
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "critic.enable=false"],
+            r"critic.enable=False with algorithm.adv_estimator=gae",
+        ),
+        (
+            ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"],
+            r"default_agent_loop=tool_agent: multi-turn",
+        ),
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], r"tensor_model_parallel_size=0 must be a posi"),
         (["data.train_batch_size=abc"], r"data.train_batch_size='abc' must be a positive integer"),
         (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], r"ppo_mini_batch_size=0 must be a positive integer"),
@@ -300,6 +315,17 @@ def test_a_vision_language_model_is_refused_on_the_hf_rollout(tmp_path, demo_ass
     check_model_modality(compose_config("one_step_off_ppo_cpu"))  # the demo model: text only
     # vLLM takes images: nothing to refuse there (the multi-modal fields reach the actor, see the support matrix).
     check_model_modality(compose_config("one_step_off_ppo_trainer", f"actor_rollout_ref.model.path={tmp_path}"))
+
+
+def test_data_whose_rows_name_a_multi_turn_agent_loop_is_refused(tmp_path, demo_assets):
+    tools = tmp_path / "tools.parquet"
+    pd.read_parquet(demo_assets.long_tail_train_file).assign(agent_name="tool_agent").to_parquet(tools)
+    good = demo_assets.long_tail_val_file  # its rows name the long-tail task's single-turn loop
+    with pytest.raises(
+        ConfigError, match=f"data.train_files: {tools} has rows with agent_name tool_agent, a multi-turn"
+    ):
+        check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={tools}", f"data.val_files={good}"))
+    check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files={good}"))
 
 
 def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):

@@ -3,7 +3,7 @@
 The run a PPO user would type, at staleness 1: ``algorithm.adv_estimator=gae`` (a critic on the training
 pool, the CPU profile's ``critic`` section) with ``trainer.critic_warmup=2`` (the actor starts updating at
 step 2), a KL loss against the reference policy (``actor.use_kl_loss``) and a KL penalty in the reward
-(``algorithm.use_kl_in_reward``), dynamic batch sizes for every model, verl's ``dapo`` reward manager
+(``algorithm.use_kl_in_reward``), dynamic batch sizes (actor, reference, rollout log-probs), verl's ``dapo`` reward manager
 (with its overlong penalty), the tensorboard tracker, validation generations logged to it, and a
 checkpoint that also holds the actor in Hugging Face format (``checkpoint.save_contents``). The rows
 of the support matrix (docs/advance/one_step_off_async.md) for these features name this test.
@@ -25,7 +25,6 @@ DYNAMIC_BATCH_SIZES = (
     "actor_rollout_ref.actor.use_dynamic_bsz=true",
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
-    "critic.use_dynamic_bsz=true",
 )
 DAPO_REWARD = (
     "reward.reward_manager.name=dapo",

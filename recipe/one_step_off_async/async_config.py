@@ -28,6 +28,8 @@ COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
 }
 
 CONSOLE_FORMATS = ("compact", "verl")
+# verl's multi-turn agent loops (rollout.agent.default_agent_loop), refused until they run through the pipeline.
+MULTI_TURN_AGENT_LOOPS = ("tool_agent",)
 # verl's advantage estimators the pipeline refuses, with the reason (the others run: the support matrix
 # in docs/advance/one_step_off_async.md names the test of each).
 REFUSED_ESTIMATORS = {
@@ -350,37 +352,34 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         f"algorithm.adv_estimator={estimator}: {REFUSED_ESTIMATORS.get(estimator)}; use algorithm.adv_estimator=grpo, "
         "rloo, reinforce_plus_plus, or gae (PPO with a critic on the training pool).",
     )
-    problems.require(
-        not OmegaConf.select(config, "actor_rollout_ref.rollout.multi_turn.enable", default=False),
-        "actor_rollout_ref.rollout.multi_turn.enable=true: multi-turn (tool-calling) agent loops have not been run "
-        "through the pipeline yet, so the weight version of each turn is not checked against the staleness "
-        "contract. Use single-turn generation (multi_turn.enable=false; a custom single-turn agent loop via "
-        "rollout.agent.agent_loop_config_path works), or verl's synchronous trainer for multi-turn.",
+    critic = OmegaConf.select(config, "critic.enable")
+    problems.require(  # verl's need_critic: critic.enable when set, else whether the estimator is gae
+        estimator != "gae" or critic is not False,
+        "critic.enable=False with algorithm.adv_estimator=gae: GAE needs the critic's values (verl would stop with a "
+        "KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
+        "estimator such as grpo.",
     )
-    model = config.actor_rollout_ref.model
-    lora = {  # what verl's RayPPOTrainer reads as LoRA
-        "actor_rollout_ref.model.lora.rank": OmegaConf.select(model, "lora.rank", default=0) or 0,
-        "actor_rollout_ref.model.lora_rank": model.get("lora_rank", 0) or 0,
-        "actor_rollout_ref.model.lora_adapter_path": model.get("lora_adapter_path"),
-    }
-    lora = {key: value for key, value in lora.items() if value}
-    merged = OmegaConf.select(model, "lora.merge", default=False) is True
+    agent_loop = config.actor_rollout_ref.rollout.agent.get("default_agent_loop")
+    multi_turn = [
+        *(
+            ["actor_rollout_ref.rollout.multi_turn.enable=true"]
+            if OmegaConf.select(config, "actor_rollout_ref.rollout.multi_turn.enable")
+            else []
+        ),
+        *(
+            [f"actor_rollout_ref.rollout.agent.default_agent_loop={agent_loop}"]
+            if agent_loop in MULTI_TURN_AGENT_LOOPS
+            else []
+        ),
+    ]
     problems.require(
-        not lora or merged,
-        f"{', '.join(f'{key}={value}' for key, value in lora.items())} with actor_rollout_ref.model.lora.merge="
-        f"{OmegaConf.select(model, 'lora.merge', default=None)}: the weight sync would send the adapters under "
-        "peft's names (...q_proj.lora_A.weight), which the rollout replicas do not load. Set "
-        "actor_rollout_ref.model.lora.merge=true: the actor merges the adapters into the base weights before each "
-        "sync, and the replicas receive full weights under the model's own names.",
+        not multi_turn,
+        f"{', '.join(multi_turn)}: multi-turn (tool-calling) agent loops have not been run through the pipeline yet, "
+        "so the weight version of each turn is not checked against the staleness contract. Use single-turn "
+        "generation (multi_turn.enable=false, default_agent_loop=single_turn_agent; a custom single-turn agent loop "
+        "via rollout.agent.agent_loop_config_path works), or verl's synchronous trainer for multi-turn.",
     )
-    save_contents = OmegaConf.select(config, "actor_rollout_ref.actor.checkpoint.save_contents", default=[]) or []
-    problems.require(
-        not lora or "hf_model" not in save_contents,
-        f"actor_rollout_ref.actor.checkpoint.save_contents={list(save_contents)} with LoRA: verl 0.9.1 writes the "
-        "Hugging Face export of a LoRA actor from a state dict under peft's names, so the folder holds the "
-        "architecture without the trained weights. Drop hf_model from save_contents (the FSDP checkpoint holds the "
-        "adapters and resumes), and merge the adapters from it offline.",
-    )
+    _check_lora(problems, config)
     problems.require(
         not OmegaConf.select(config, "global_profiler.steps"),
         f"global_profiler.steps={OmegaConf.select(config, 'global_profiler.steps')}: verl profiles the rollout of step "
@@ -395,6 +394,51 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     )
     problems.raise_any()
     return async_config
+
+
+def _check_lora(problems: _Problems, config: DictConfig) -> None:
+    """LoRA reaches the replicas only merged into the weights; verl's FSDP actor reads ``model.lora_rank``."""
+    model = config.actor_rollout_ref.model
+    rank, adapter = model.get("lora_rank", 0) or 0, model.get("lora_adapter_path")
+    megatron_rank = OmegaConf.select(model, "lora.rank", default=0) or 0
+    strategy = config.actor_rollout_ref.actor.strategy
+    if strategy != "megatron":
+        problems.require(
+            not megatron_rank,
+            f"actor_rollout_ref.model.lora.rank={megatron_rank} is Megatron's LoRA key; the {strategy} actor reads "
+            "actor_rollout_ref.model.lora_rank and would train full weights. Set actor_rollout_ref.model.lora_rank "
+            "instead (with actor_rollout_ref.model.lora.merge=true).",
+        )
+        problems.require(
+            not adapter or rank,
+            f"actor_rollout_ref.model.lora_adapter_path={adapter} with actor_rollout_ref.model.lora_rank={rank}: the "
+            f"{strategy} actor loads an adapter only when lora_rank > 0. Set actor_rollout_ref.model.lora_rank to the "
+            "adapter's rank (with actor_rollout_ref.model.lora.merge=true).",
+        )
+        megatron_rank = 0
+    if not (rank or adapter or megatron_rank):
+        return
+    merge = OmegaConf.select(model, "lora.merge", default=None)
+    lora = ", ".join(
+        f"actor_rollout_ref.model.{key}={value}"
+        for key, value in (("lora_rank", rank), ("lora.rank", megatron_rank), ("lora_adapter_path", adapter))
+        if value
+    )
+    problems.require(
+        merge is True,
+        f"{lora} with actor_rollout_ref.model.lora.merge={merge}: the weight sync would send the adapters under "
+        "peft's names (...q_proj.lora_A.weight), which the rollout replicas do not load. Set "
+        "actor_rollout_ref.model.lora.merge=true: the actor merges the adapters into the base weights before each "
+        "sync, and the replicas receive full weights under the model's own names.",
+    )
+    save_contents = OmegaConf.select(config, "actor_rollout_ref.actor.checkpoint.save_contents", default=[]) or []
+    problems.require(
+        "hf_model" not in save_contents,
+        f"actor_rollout_ref.actor.checkpoint.save_contents={list(save_contents)} with LoRA: verl 0.9.1 writes the "
+        "Hugging Face export of a LoRA actor from a state dict under peft's names, so the folder holds the "
+        "architecture without the trained weights. Drop hf_model from save_contents (the FSDP checkpoint holds the "
+        "adapters and resumes), and merge the adapters from it offline.",
+    )
 
 
 def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
@@ -540,6 +584,17 @@ def _check_partial_rollout(problems: _Problems, async_config: AsyncTrainingConfi
     )
 
 
+def _multi_turn_agents(path: str) -> list[str]:
+    """The multi-turn agent loops the rows of a parquet file name in their ``agent_name`` column (verl reads it)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if "agent_name" not in pq.read_schema(path).names:
+        return []
+    names = pc.unique(pq.read_table(path, columns=["agent_name"])["agent_name"]).to_pylist()
+    return sorted(name for name in names if name in MULTI_TURN_AGENT_LOOPS)
+
+
 def check_data_files(config: DictConfig) -> None:
     """Every local train/val parquet file exists, is readable, and each split has rows.
 
@@ -568,9 +623,17 @@ def check_data_files(config: DictConfig) -> None:
                 continue
             try:
                 rows += pq.read_metadata(path).num_rows
+                agents = _multi_turn_agents(path)
             except Exception as error:
                 problems.append(f"data.{key}: {file} is not a readable parquet file ({error}).")
                 counted = False
+                continue
+            problems.require(
+                not agents,
+                f"data.{key}: {file} has rows with agent_name {', '.join(agents)}, a multi-turn (tool-calling) agent "
+                "loop, which has not been run through the pipeline yet (see actor_rollout_ref.rollout.multi_turn). Use "
+                "data whose rows name a single-turn loop (single_turn_agent, or none).",
+            )
         if counted:
             problems.require(
                 rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."

@@ -70,7 +70,11 @@ def patch_resource_pool_check() -> None:
 
 
 def _load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
-    """Like verl's first branch (a token-classification head, num_labels=1), with the config's attention."""
+    """Like verl's first branch (a token-classification head, num_labels=1), with the config's attention.
+
+    verl falls back to trl's value-head wrapper when that load fails; here a failure raises (every model the
+    CPU path runs has a token-classification class in transformers).
+    """
     from transformers import AutoModelForTokenClassification
 
     return AutoModelForTokenClassification.from_pretrained(

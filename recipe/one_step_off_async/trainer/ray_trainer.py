@@ -114,6 +114,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             optimizer_config=critic.optim,
             checkpoint_config=critic.checkpoint,
             profiler_config=omega_conf_to_dataclass(profiler) if profiler else None,
+            extra_context=getattr(self, "_critic_extra_context", {}),
         )
         pool = self.resource_pool_manager.get_resource_pool(Role.Critic)
         self.resource_pool_to_cls[pool][str(Role.Critic)] = RayClassWithInitArgs(
