@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -103,9 +104,7 @@ def run(out: Path, task: str, name: str, staleness: int, seed: int, overrides: l
             return {int(step): value for step, value in saved["curve"].items()}
         print(f"{directory}: measured with other settings ({saved['overrides']}); running it again", flush=True)
     if directory.exists():  # an interrupted run, or other settings: start it again
-        for path in sorted(directory.rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-        directory.rmdir()
+        shutil.rmtree(directory)
     started = time.monotonic()
     metrics = run_entry_point(
         directory,

@@ -32,12 +32,14 @@ CONSOLE_FORMATS = ("compact", "verl")
 MULTI_TURN_AGENT_LOOPS = ("tool_agent",)
 # verl's advantage estimators the pipeline refuses, with the reason (the others run: the support matrix
 # in docs/advance/one_step_off_async.md names the test of each).
+_OPTIMAL_BASELINE = (
+    "the optimal-token baseline needs the actor's sum of squared probabilities (actor.calculate_sum_pi_squared), "
+    "which has not been run through the pipeline"
+)
 REFUSED_ESTIMATORS = {
     "remax": "REMAX needs an extra greedy generation per batch, which the pipeline does not schedule",
-    "optimal_token_baseline": "the optimal-token baseline needs the actor's sum of squared probabilities "
-    "(actor.calculate_sum_pi_squared), which has not been run through the pipeline",
-    "tir_optimal_token_baseline": "the optimal-token baseline needs the actor's sum of squared probabilities "
-    "(actor.calculate_sum_pi_squared), which has not been run through the pipeline",
+    "optimal_token_baseline": _OPTIMAL_BASELINE,
+    "tir_optimal_token_baseline": _OPTIMAL_BASELINE,
     "gdpo": "GDPO needs per-component rewards (algorithm.gdpo_reward_keys), which have not been run through "
     "the pipeline",
 }
@@ -352,9 +354,10 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         f"algorithm.adv_estimator={estimator}: {REFUSED_ESTIMATORS.get(estimator)}; use algorithm.adv_estimator=grpo, "
         "rloo, reinforce_plus_plus, or gae (PPO with a critic on the training pool).",
     )
-    critic = OmegaConf.select(config, "critic.enable")
-    problems.require(  # verl's need_critic: critic.enable when set, else whether the estimator is gae
-        estimator != "gae" or critic is not False,
+    from verl.trainer.ppo.utils import need_critic
+
+    problems.require(
+        estimator != "gae" or need_critic(config),
         "critic.enable=False with algorithm.adv_estimator=gae: GAE needs the critic's values (verl would stop with a "
         "KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
         "estimator such as grpo.",
