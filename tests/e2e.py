@@ -69,6 +69,15 @@ def contract_version(step: int, staleness: int, interval: int, start: int = 0) -
     return max(start, (step - 1 - staleness) // interval * interval)
 
 
+# verl's dapo reward manager around the demo's reward function (on the shared run): responses longer than 4 of
+# the 6 tokens lose reward, the manager's own, visible effect.
+DAPO_REWARD = (
+    "reward.reward_manager.name=dapo",
+    "+reward.reward_kwargs.overlong_buffer_cfg={enable:true,len:2,penalty_factor:1.0,log:true}",
+    "+reward.reward_kwargs.max_resp_len=6",
+)
+
+
 def one_step_off_overrides() -> tuple[str, ...]:
     """The default pipeline (staleness 1, sync every step), undisturbed: the run other runs compare with."""
     return (
@@ -78,6 +87,7 @@ def one_step_off_overrides() -> tuple[str, ...]:
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         *loss_overrides(ONE_STEP_OFF_LOSS),
+        *DAPO_REWARD,
     )
 
 

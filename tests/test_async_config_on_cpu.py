@@ -97,7 +97,23 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["async_training.sync_timeout_s=0"], r"async_training.sync_timeout_s=0 must be a positive"),
         (["async_training.sync_interval=0"], r"async_training.sync_interval=0 must be an integer >= 1"),
         (["async_training.one_gpu=true"], r"async_training.one_gpu=true .* needs trainer.device=cuda"),
-        (["reward.reward_model.enable=true"], r"reward.reward_model.enable=true: a model-based reward needs"),
+        (
+            ["reward.reward_model.enable=true", "reward.reward_model.enable_resource_pool=false"],
+            r"enable_resource_pool=false colocates the reward model with the training pool",
+        ),
+        (["reward.reward_model.enable=true", "reward.reward_model.model_path=null"], r"model_path is not set"),
+        (
+            ["reward.reward_model.enable=true", "reward.reward_model.nnodes=0"],
+            r"reward.reward_model.n_gpus_per_node=1 x reward.reward_model.nnodes=0 leaves the reward model's pool",
+        ),
+        (
+            ["reward.reward_model.enable=true", "reward.reward_model.rollout.name=vllm"],
+            r"reward.reward_model.rollout.name='vllm': on trainer.device=cpu .* served by hf",
+        ),
+        (
+            ["reward.reward_model.enable=true", "reward.reward_model.rollout.tensor_model_parallel_size=2"],
+            r"rollout.name=hf serves one process per replica; set reward.reward_model.rollout.tensor_model_parallel",
+        ),
         (["+async_training.stalenes=2"], r"Unknown key\(s\) async_training.stalenes"),
         (["actor_rollout_ref.rollout.nnodes=0"], r"actor_rollout_ref.rollout.nnodes=0 leaves the rollout pool empty"),
         (["actor_rollout_ref.rollout.n_gpus_per_node=0"], r"rollout.n_gpus_per_node=0 leaves the rollout pool empty"),
@@ -303,6 +319,21 @@ def test_lora_with_merged_syncs_passes():
             "one_step_off_ppo_cpu", "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"
         )
     )
+
+
+def test_a_reward_model_on_a_pool_of_its_own_passes():
+    validate_config(compose_config("one_step_off_ppo_cpu", "reward.reward_model.enable=true"))
+    gpu = compose_config(
+        "one_step_off_ppo_trainer",
+        "actor_rollout_ref.model.path=/models/any",
+        "reward.reward_model.enable=true",
+        "reward.reward_model.model_path=/models/rm",
+        "reward.reward_model.rollout.name=vllm",
+        "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=2",
+    )
+    assert gpu.reward.reward_model.enable_resource_pool  # the recipe's default: a pool of its own
+    validate_config(gpu)
 
 
 def test_a_vision_language_model_is_refused_on_the_hf_rollout(tmp_path, demo_assets):

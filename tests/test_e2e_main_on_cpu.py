@@ -1,8 +1,8 @@
 """End-to-end runs of ``python -m recipe.one_step_off_async.main_ppo`` on CPU with the tiny task.
 
 Each run checks several things at once (a run costs ~40 s of start-up on 2 cores), and each carries
-one of the recipe's policy losses. Here: the shared one-step-off run (conftest.py, the topr loss),
-the reference of the runs that are disturbed. The others: the resume chain (test_e2e_faults_on_cpu.py:
+one of the recipe's policy losses. Here: the shared one-step-off run (conftest.py, the topr loss and
+verl's dapo reward manager), the reference of the runs that are disturbed. The others: the resume chain (test_e2e_faults_on_cpu.py:
 Ctrl-C, an actor killed, resumed from a checkpoint in the middle of a sync interval; the kimi15 loss)
 and the elastic pool's runs of staleness 0 (``sync_interval`` 3, the ``checkpoint`` engine, reinforce)
 and 2 (tis_pg) in test_e2e_elastic_on_cpu.py, which check the same contract while replicas are lost
@@ -11,6 +11,7 @@ and added.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -39,6 +40,16 @@ def test_one_step_off_run_trains_with_measured_staleness(one_step_off_run):
     """The default (staleness 1, sync every step), with topr; the disturbed runs compare against this run."""
     assert_trained_with_staleness(one_step_off_run, 1, 1, ONE_STEP_OFF_LOSS, ONE_STEP_OFF_STEPS)
     assert all("async/rollout_replicas" not in values for values in one_step_off_run.metrics.values())  # elastic off
+
+
+def test_the_dapo_reward_manager_scored_the_batches(one_step_off_run):
+    penalties = []
+    for step in range(1, ONE_STEP_OFF_STEPS + 1):
+        samples = [json.loads(line) for line in (one_step_off_run.directory / "rollouts" / f"{step}.jsonl").open()]
+        assert all("overlong_reward" in sample for sample in samples), f"step {step}"
+        penalties += [sample["overlong_reward"] for sample in samples]
+    # Its overlong penalty: 0 within 4 tokens, down to -1 at the 6-token limit.
+    assert all(-1.0 <= penalty <= 0.0 for penalty in penalties) and min(penalties) < 0
 
 
 def test_one_step_off_run_prints_one_short_console_line_per_step(one_step_off_run):

@@ -7,6 +7,7 @@ so an upgrade cannot leave a patch silently wrong or unnecessary.
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import re
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import verl
+from omegaconf import OmegaConf
 
 from recipe.one_step_off_async.platforms import verl_patches
 
@@ -201,6 +203,64 @@ def test_separation_trainer_still_reads_the_critic_fsdp_config_from_its_model():
     # reads `orig_critic_cfg`.
     assert "engine_config: EngineConfig = orig_critic_cfg.engine" in inspect.getsource(RayPPOTrainer.init_workers)
     assert "partial(value_loss, config=self.orig_critic_cfg)" in inspect.getsource(SeparateRayPPOTrainer)
+
+
+def _disrm_request(engine: str, scoring) -> tuple[list, object]:
+    """What ``scoring`` (a ``RewardLoopWorker.compute_score_disrm``) posts for a sample, and what it returns."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    worker = object.__new__(RewardLoopWorker)  # no tokenizers or reward manager: the request is all we read
+    worker.config = OmegaConf.create({"reward": {"reward_model": {"model_path": "/rm", "rollout": {"name": engine}}}})
+    posted = []
+
+    async def preprocess(data):
+        return f"chat text of {data}"
+
+    async def post(payload, endpoint):
+        posted.append((payload, endpoint))
+        return {"data": [{"probs": [0.25]}]}
+
+    worker._preprocess_reward_inputs, worker._post_request = preprocess, post
+    try:
+        result = asyncio.run(scoring(worker, "sample"))
+    except NotImplementedError as error:
+        result = error
+    return posted, result
+
+
+def test_p6_verl_still_scores_a_reward_model_only_on_its_own_engines_without_extra_info():
+    """Why verl_patches.patch_reward_loop_classify gives ``hf`` vLLM's /classify request (and that it is verl's),
+    and every engine's result the ``reward_extra_info`` verl's agent loop reads."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    patched = RewardLoopWorker.compute_score_disrm
+    verl_scoring = patched.verl_original
+    posted, result = _disrm_request("hf", verl_scoring)
+    assert not posted and isinstance(result, NotImplementedError)
+    # verl's agent loop reads a reward_extra_info that verl's scoring does not return (verl issue #7368).
+    assert 'result["reward_extra_info"]' in inspect.getsource(AgentLoopWorker._compute_score)
+    verl_posted, verl_result = _disrm_request("vllm", verl_scoring)
+    assert verl_result == {"reward_score": 0.25}
+    # The hf server answers vLLM's protocol: the patch sends exactly what verl's vLLM branch sends.
+    fixed = {"reward_score": 0.25, "reward_extra_info": {}}
+    assert _disrm_request("hf", patched) == (verl_posted, fixed)
+    assert _disrm_request("vllm", patched) == (verl_posted, fixed)  # other engines: verl's request
+
+
+def test_separation_trainer_still_builds_a_legacy_reward_model_worker_group():
+    """Why OneStepOffRayTrainer skips it and starts the reward model's replicas in _init_reward_loop."""
+    from verl.experimental.reward_loop.reward_model import RewardModelManager
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+
+    assert "self.role_worker_mapping[Role.RewardModel]" in inspect.getsource(
+        SeparateRayPPOTrainer._create_reward_model_class
+    )
+    assert "self.rm_wg = self.all_wg[str(Role.RewardModel)]" in inspect.getsource(SeparateRayPPOTrainer._init_models)
+    # Without a resource pool verl's manager places each replica on a pool of its own (standalone).
+    assert "self._run_all([server.init_standalone() for server in self.rollout_replicas])" in inspect.getsource(
+        RewardModelManager._initialize_llm_servers
+    )
 
 
 def _clean_env() -> dict[str, str]:

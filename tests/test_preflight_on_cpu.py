@@ -70,6 +70,15 @@ def test_gpu_profile_names_vllm_and_cupy_with_their_pip_commands(without):
     assert "flash_attn" not in message
 
 
+def test_a_reward_model_served_by_vllm_names_the_key_that_selected_it(without):
+    without("vllm", "cupy", "flash_attn")
+    config = compose_config(
+        "one_step_off_ppo_trainer", "reward.reward_model.enable=true", "reward.reward_model.rollout.name=vllm"
+    )
+    [vllm] = [line for line in missing_backends(config) if line.startswith("vllm ")]
+    assert "selected by actor_rollout_ref.rollout.name=vllm, reward.reward_model.rollout.name=vllm:" in vllm
+
+
 def test_flash_attention_names_flash_attn_its_install_and_the_override_that_avoids_it(without):
     without("vllm", "cupy", "flash_attn")
 

@@ -40,6 +40,7 @@ from recipe.one_step_off_async.rollout.hf.engine import (
     sample_next_tokens,
 )
 from recipe.one_step_off_async.rollout.hf.replica import HFReplica, check_rollout_config
+from recipe.one_step_off_async.rollout.hf.reward_server import HFRewardServer
 from recipe.one_step_off_async.rollout.hf.server import HFRolloutServer, to_sampling_params
 
 VERL_CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
@@ -420,6 +421,40 @@ def test_hf_is_a_registered_verl_rollout_backend():
     assert get_rollout_replica_class("hf") is HFReplica
     assert issubclass(HFReplica, RolloutReplica) and issubclass(HFRolloutServer, CheckpointEngineWorker)
     assert "server_adapter" in inspect.signature(CheckpointEngineWorker.__init__).parameters
+
+
+def test_the_reward_model_server_answers_vllm_classify_with_the_classifiers_logits(demo_assets):
+    """The ``hf`` reward model (reward_server.py) speaks vLLM's /classify as verl's reward loop calls it."""
+    from fastapi.testclient import TestClient
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from verl.workers.config import HFModelConfig
+
+    path = demo_assets.reward_model_dir
+    server = HFRewardServer(rollout_config(dtype="float32"), HFModelConfig(path=path), replica_rank=0)
+    client = TestClient(server.build_app())
+    texts = ["<|im_start|>user\nsort: cab<|im_end|>\n<|im_start|>assistant\nabc<|im_end|>\n", "abc"]
+    reply = client.post("/classify", json={"model": path, "input": texts[0], "use_activation": False})
+    assert reply.status_code == 200, reply.text
+    [scored] = reply.json()["data"]
+    # The classifier's logit at the last token, exactly as transformers computes it for the text alone.
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForSequenceClassification.from_pretrained(path)
+    with torch.inference_mode():
+        expected = [model(**tokenizer(text, return_tensors="pt")).logits[0, 0].item() for text in texts]
+    assert scored["index"] == 0 and scored["num_classes"] == 1
+    assert scored["probs"] == pytest.approx([expected[0]], abs=1e-6)
+    # A batch scores each text alone (no padding); vLLM's default activation for one label is a sigmoid.
+    batch = client.post("/classify", json={"input": texts}).json()["data"]
+    assert [item["probs"][0] for item in batch] == pytest.approx(torch.tensor(expected).sigmoid().tolist(), abs=1e-6)
+    assert client.post("/classify", json={"input": "abc", "prompt": "x"}).status_code == 422
+    too_long = client.post("/classify", json={"input": "a" * 600})
+    assert too_long.status_code == 400 and "reward.reward_model.rollout.max_model_len" in too_long.text
+
+
+def test_a_reward_model_replica_serves_the_classifier_and_names_its_own_keys():
+    replica = HFReplica(0, rollout_config(tensor_model_parallel_size=1), {}, is_reward_model=True)
+    assert replica.get_ray_class_with_init_args().cls.__ray_actor_class__ is HFRewardServer
+    with pytest.raises(ValueError, match="reward.reward_model.rollout.tensor_model_parallel_size=1"):
+        HFReplica(0, rollout_config(tensor_model_parallel_size=2), {}, is_reward_model=True)
 
 
 # --- verl's managers on a Ray cluster --------------------------------------------------------------

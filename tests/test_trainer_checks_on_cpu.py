@@ -30,10 +30,10 @@ def batch(scores=(1.0, 0.0, 0.5), versions=((3, 3), (3, 3), (3, 3)), log_probs: 
 
 
 def test_finite_rewards_pass_and_a_nan_or_inf_is_named_with_the_reward_function():
-    check_rewards(5, batch(), reward_function="reward.py:compute_score")
+    check_rewards(5, batch(), scored_by="reward function reward.py:compute_score")
     for bad in (float("nan"), float("inf")):
         with pytest.raises(RewardError, match=r"1 of 3 samples of the batch for step 5 .*\['sort'\].*reward.py"):
-            check_rewards(5, batch(scores=(1.0, bad, 0.0)), reward_function="reward.py:compute_score")
+            check_rewards(5, batch(scores=(1.0, bad, 0.0)), scored_by="reward function reward.py:compute_score")
 
 
 def test_missing_rollout_log_probs_fail_only_when_the_correction_is_configured():

@@ -342,12 +342,7 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
             _check_elastic(problems, async_config, rollout, replicas)
         _check_partial_rollout(problems, async_config, config)
 
-    problems.require(
-        not config.reward.reward_model.enable,
-        "reward.reward_model.enable=true: a model-based reward needs a resource pool of its own, which this "
-        "recipe does not lay out yet (verl's pool creation would fail with a KeyError deep in start-up). Use a "
-        "rule or function reward (reward.custom_reward_function) and reward.reward_model.enable=false.",
-    )
+    _check_reward_model(problems, config)
     estimator = config.algorithm.adv_estimator
     problems.require(
         estimator not in REFUSED_ESTIMATORS,
@@ -397,6 +392,54 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     )
     problems.raise_any()
     return async_config
+
+
+def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
+    """A reward model runs on a pool of its own, as replicas of a rollout backend verl's reward loop can call."""
+    reward_model = config.reward.reward_model
+    if not reward_model.enable:
+        return
+    key = "reward.reward_model"
+    problems.require(
+        bool(reward_model.enable_resource_pool),
+        f"{key}.enable_resource_pool=false colocates the reward model with the training pool, where verl scores "
+        "the batch inside the training step (waking the model between the actor's phases); this recipe gives the "
+        "reward model a pool of its own, where it scores each sample as soon as it is generated. Set "
+        f"{key}.enable_resource_pool=true with {key}.n_gpus_per_node and {key}.nnodes.",
+    )
+    problems.require(
+        bool(reward_model.model_path),
+        f"{key}.model_path is not set: point it at the reward model (a sequence-classification model, "
+        "one label: its logit is the reward).",
+    )
+    rollout, device = reward_model.rollout, config.trainer.device
+    served = {"cpu": ("hf",), "cuda": ("vllm", "sglang")}.get(device, ("vllm", "sglang"))
+    if not problems.require(
+        rollout.name in served,
+        f"{key}.rollout.name={rollout.name!r}: on trainer.device={device} verl's reward loop scores with a reward "
+        f"model served by {' or '.join(served)} (TensorRT-LLM serves no reward model in verl 0.9.1). Set "
+        f"{key}.rollout.name={served[0]}.",
+    ):
+        return
+    parallel = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
+    world = 1
+    for size in parallel:
+        world *= rollout[size] if _is_count(rollout[size]) else 1
+    if rollout.name == "hf":
+        wrong = [size for size in parallel if rollout[size] != 1]
+        problems.require(
+            not wrong,
+            f"{key}.rollout.name=hf serves one process per replica; set "
+            + " ".join(f"{key}.rollout.{size}=1" for size in wrong)
+            + ".",
+        )
+    sizes = (reward_model.n_gpus_per_node, reward_model.nnodes)
+    problems.require(
+        all(_is_count(size) for size in sizes) and sizes[0] * sizes[1] >= world,
+        f"{key}.n_gpus_per_node={reward_model.n_gpus_per_node} x {key}.nnodes={reward_model.nnodes} leaves the "
+        f"reward model's pool smaller than one replica ({world} device(s): tensor x data x pipeline parallel). Set "
+        f"{key}.nnodes and {key}.n_gpus_per_node to at least one replica's devices.",
+    )
 
 
 def _check_lora(problems: _Problems, config: DictConfig) -> None:

@@ -155,6 +155,10 @@ def required_modules(config: DictConfig) -> list[Need]:
             None,
         ),
     ]
+    reward_model = config.reward.reward_model
+    if reward_model.enable:
+        name = reward_model.rollout.name
+        selections.append((ROLLOUT_MODULES.get(name, ()), f"reward.reward_model.rollout.name={name}", None))
     for prefix in _model_sections(config):
         attention = OmegaConf.select(config, f"{prefix}.override_config.attn_implementation") or VERL_DEFAULT_ATTENTION
         selections.append(

@@ -4,6 +4,7 @@ What: ``ensure_assets(cache_dir, seed)`` returns a ``DemoAssets`` of absolute pa
 first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet::
 
     model/          tokenizer + Qwen2 weights + generation_config.json (load with from_pretrained)
+    reward_model/   tokenizer + a Qwen2 sequence classifier (one label): reward.reward_model.model_path
     train.parquet   4096 rows in verl's RL format
     val.parquet     128 rows, disjoint from train
     graded_{train,val}.parquet   the same problems with partial credit (task.GRADED_DATA_SOURCE)
@@ -47,7 +48,7 @@ from omegaconf import OmegaConf
 
 from recipe.one_step_off_async.demo import long_tail
 from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
-from recipe.one_step_off_async.demo.model import init_model, save_model
+from recipe.one_step_off_async.demo.model import init_model, init_reward_model, save_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
 from recipe.one_step_off_async.demo.task import (
     GRADED_DATA_SOURCE,
@@ -61,12 +62,14 @@ from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_s
 
 logger = logging.getLogger(__name__)
 
-# v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task
-ASSETS_VERSION = "v4"
+# v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task;
+# v4: no reward model
+ASSETS_VERSION = "v5"
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
 MODEL_SUBDIR = "model"
+REWARD_MODEL_SUBDIR = "reward_model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,7 @@ class DemoAssets:
 
     root: str
     model_dir: str  # tokenizer and model; actor_rollout_ref.model.path
+    reward_model_dir: str  # tokenizer and a sequence classifier; reward.reward_model.model_path
     train_file: str
     val_file: str
     reward_path: str  # file holding the reward function; reward.custom_reward_function.path
@@ -168,11 +172,13 @@ def _build(out_dir: Path, seed: int) -> None:
         greedy = model_accuracy(model, tokenizer, val_rows)
         sampled = model_accuracy(model, tokenizer, val_rows, temperature=1.0, seed=seed)
     save_model(model, tokenizer, out_dir / MODEL_SUBDIR)
+    save_model(init_reward_model(tokenizer, seed + 1), tokenizer, out_dir / REWARD_MODEL_SUBDIR)
     manifest = {
         "version": ASSETS_VERSION,
         "seed": seed,
         "files": {
             "model_dir": MODEL_SUBDIR,
+            "reward_model_dir": REWARD_MODEL_SUBDIR,
             "train_file": paths["train"].name,
             "val_file": paths["val"].name,
             "graded_train_file": graded_paths["train"].name,
@@ -209,6 +215,7 @@ def _load(root: Path, seed: int) -> DemoAssets:
     return DemoAssets(
         root=str(root),
         model_dir=str(files["model_dir"]),
+        reward_model_dir=str(files["reward_model_dir"]),
         train_file=str(files["train_file"]),
         val_file=str(files["val_file"]),
         reward_path=reward_function_path(),

@@ -15,7 +15,13 @@ How: ``save_model(init_model(tokenizer, seed), tokenizer, out_dir)``; load with
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
 
 def model_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
@@ -43,7 +49,22 @@ def init_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> Qwen2ForCausalL
         return Qwen2ForCausalLM(model_config(tokenizer))
 
 
-def save_model(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> None:
+def init_reward_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> Qwen2ForSequenceClassification:
+    """A reward model for the demo: the demo architecture with a one-label score head, randomly initialised.
+
+    A stand-in that shows a model-based reward through verl's reward loop: its score (the head's logit at the
+    last token) is a fixed function of the prompt and response, unrelated to the sort task.
+    """
+    config = model_config(tokenizer)
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen2ForSequenceClassification(config)
+
+
+def save_model(
+    model: Qwen2ForCausalLM | Qwen2ForSequenceClassification, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+) -> None:
     """Save weights, config, ``generation_config.json`` (eos/pad ids) and the tokenizer into one directory."""
     model.save_pretrained(out_dir)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out_dir)

@@ -21,15 +21,16 @@ from recipe.one_step_off_async.errors import OffPolicyCorrectionError, RewardErr
 from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS
 
 
-def check_rewards(step: int, batch: DataProto, reward_function: str) -> None:
+def check_rewards(step: int, batch: DataProto, scored_by: str) -> None:
+    """Raise if a sample's reward is NaN or infinite; ``scored_by`` names what scored them."""
     scores = batch.batch["rm_scores"].sum(-1)
     bad = ~torch.isfinite(scores)
     if bad.any():
         sources = sorted(set(batch.non_tensor_batch["data_source"][bad.numpy()].tolist()))
         raise RewardError(
             f"The reward of {int(bad.sum())} of {len(scores)} samples of the batch for step {step} is NaN or "
-            f"infinite (data_source {sources}; reward function {reward_function}). Training on it would corrupt "
-            "every advantage of the batch; fix the reward function."
+            f"infinite (data_source {sources}; scored by {scored_by}). Training on it would corrupt "
+            "every advantage of the batch; fix the reward."
         )
 
 

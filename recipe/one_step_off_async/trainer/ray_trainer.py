@@ -121,6 +121,33 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             cls=self.role_worker_mapping[Role.Critic], config=worker_config
         )
 
+    def _create_reward_model_class(self) -> None:
+        """No worker group: the reward model is served by replicas that verl's ``RewardLoopManager`` starts.
+
+        Works around ``verl/experimental/separation/ray_trainer.py`` (verl 0.9.1), which still builds a legacy
+        reward-model worker group (``role_worker_mapping[Role.RewardModel]``, a KeyError with verl's own
+        separation mapping); ``RayPPOTrainer.init_workers`` builds none.
+        """
+
+    def _init_models(self) -> None:
+        use_rm, self.use_rm = self.use_rm, False  # skip the legacy reward-model worker group (see above)
+        try:
+            super()._init_models()
+        finally:
+            self.use_rm = use_rm
+
+    def _init_reward_loop(self) -> None:
+        """verl's reward loop; a reward model gets a pool of its own (standalone replicas).
+
+        Each replica takes ``reward.reward_model.n_gpus_per_node x nnodes`` / its world size devices, outside the
+        training and rollout pools. The reward loop's workers go to the agent loops (``_init_async_rollout_manager``),
+        so each sample is scored as soon as it is generated: the scoring is part of generating a batch, which
+        overlaps training, and the step only reads the scores (``rm_scores``).
+        """
+        from verl.experimental.reward_loop import RewardLoopManager
+
+        self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
+
     def init_workers(self) -> None:
         super().init_workers()
         self._start_pipeline()
@@ -249,8 +276,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         self.timing_raw["gen"] = generated.seconds
 
         rollout, correction = self.config.actor_rollout_ref.rollout, self.config.algorithm.get("rollout_correction")
-        reward = self.config.reward.custom_reward_function
-        check_rewards(step, batch, reward_function=f"{reward.path or 'verl default'}:{reward.name}")
+        # The agent loops scored each sample as it was generated: rm_scores came with the generation.
+        check_rewards(step, batch, scored_by=self._reward_source)
         check_correction_inputs(step, batch, correction is not None, rollout.name)
         self.metrics.update(self._weight_version_metrics(step, generated.output))
         self.metrics.update(
@@ -263,6 +290,14 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             }
         )
         return batch
+
+    @property
+    def _reward_source(self) -> str:
+        """What scores the samples (verl's reward loop: the function if one is set, else the reward model)."""
+        reward = self.config.reward
+        if reward.custom_reward_function.path is None and reward.reward_model.enable:
+            return f"reward model {reward.reward_model.model_path}"
+        return f"reward function {reward.custom_reward_function.path or 'verl default'}:{reward.custom_reward_function.name}"
 
     def _weight_version_metrics(self, step: int, output: DataProto) -> dict[str, float]:
         """Check the batch's weight versions against the contract; return what was measured.

@@ -14,7 +14,9 @@ processes need no registration: the replica hands verl's ``RayWorkerGroup`` its 
 server class, which is both the ``CheckpointEngineWorker`` (so verl never looks up a server
 adapter by name) and the server. Standalone (and colocated) placement only, one process per
 replica: ``rollout.tensor_model_parallel_size=1``; ``rollout.nnodes * rollout.n_gpus_per_node``
-replicas, each on one CPU slot of the rollout pool.
+replicas, each on one CPU slot of the rollout pool. As a reward model (``reward.reward_model.rollout.name=hf``,
+created by verl's ``RewardModelManager``) the replica serves a sequence classifier over HTTP instead
+(``reward_server.py``), on the reward model's own pool.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
 from recipe.one_step_off_async.rollout.hf import ROLLOUT_NAME
+from recipe.one_step_off_async.rollout.hf.reward_server import HFRewardServer
 from recipe.one_step_off_async.rollout.hf.server import HFRolloutServer
 
 
-def check_rollout_config(config: RolloutConfig) -> None:
-    """Raise if ``config`` asks for a layout the hf rollout cannot serve (it runs one process per replica)."""
+def check_rollout_config(config: RolloutConfig, key: str = "actor_rollout_ref.rollout") -> None:
+    """Raise if ``config`` (at ``key``) asks for a layout the hf rollout cannot serve (one process per replica)."""
     parallel = {
         "tensor_model_parallel_size": config.tensor_model_parallel_size,
         "data_parallel_size": config.data_parallel_size,
@@ -40,7 +43,7 @@ def check_rollout_config(config: RolloutConfig) -> None:
     }
     wrong = {name: size for name, size in parallel.items() if size != 1}
     if wrong:
-        fix = " ".join(f"actor_rollout_ref.rollout.{name}=1" for name in wrong)
+        fix = " ".join(f"{key}.{name}=1" for name in wrong)
         raise ValueError(f"rollout.name={ROLLOUT_NAME} serves one process per replica, got {wrong}; set {fix}")
 
 
@@ -60,13 +63,15 @@ class HFReplica(RolloutReplica):
         super().__init__(
             replica_rank, config, model_config, gpus_per_node, is_reward_model, is_teacher_model, name_suffix
         )
-        check_rollout_config(self.config)
+        check_rollout_config(
+            self.config, "reward.reward_model.rollout" if is_reward_model else "actor_rollout_ref.rollout"
+        )
 
     def get_ray_class_with_init_args(self) -> RayClassWithInitArgs:
         """The actor verl's ``RayWorkerGroup`` creates on the pool: our server, which is also the
-        replica's ``CheckpointEngineWorker``."""
+        replica's ``CheckpointEngineWorker``; for a reward model, the ``/classify`` server."""
         server_cls = RayClassWithInitArgs(
-            cls=ray.remote(HFRolloutServer),
+            cls=ray.remote(HFRewardServer if self.is_reward_model else HFRolloutServer),
             rollout_config=self.config,
             model_config=self.model_config,
             replica_rank=self.replica_rank,
