@@ -1,12 +1,13 @@
 """The docs' figure of staleness 0 vs 1 per off-policy correction: mean and range over seeds, one panel per task.
 
-What: reads ``<out>/summary.json`` written by ``scripts/staleness_parity.py`` and draws, for each task
-(columns) and each chosen candidate (rows), the validation curve at staleness 1 and that of its
-staleness-0 baseline, the mean over seeds as a line and the range over seeds as a band.
+What: reads one or more ``summary.json`` written by ``scripts/staleness_parity.py`` (each invocation writes
+its own) and draws, for each task of each summary (columns, titled with the task and its seeds) and each
+chosen candidate (rows), the validation curve at staleness 1 and that of its staleness-0 baseline, the mean
+over seeds as a line and the range over seeds as a band.
 
 Why: the default correction is chosen by this measurement; the figure shows what the table summarises.
 
-How: ``python scripts/staleness_parity_figure.py [--summary outputs/staleness_parity/summary.json]
+How: ``python scripts/staleness_parity_figure.py [--summary outputs/staleness_parity/summary.json ...]
 [--candidates token_is bypass] [--out docs/advance/staleness_parity.png]``
 """
 
@@ -34,15 +35,21 @@ def band(curves: dict[str, dict[str, float]]) -> tuple[list[int], list[float], l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--summary", type=Path, default=Path("outputs/staleness_parity/summary.json"))
+    parser.add_argument("--summary", type=Path, nargs="+", default=[Path("outputs/staleness_parity/summary.json")])
     parser.add_argument("--candidates", nargs="+", help="rows to draw (default: every candidate of every task)")
     parser.add_argument("--out", type=Path, default=Path("docs/advance/staleness_parity.png"))
     args = parser.parse_args()
-    tasks = json.loads(args.summary.read_text())["tasks"]
-    candidates = args.candidates or list(dict.fromkeys(name for rows in tasks.values() for name in rows))
-    missing = [f"{name} on {task}" for task, rows in tasks.items() for name in candidates if name not in rows]
+    columns = [
+        (task, rows, summary)
+        for summary in args.summary
+        for task, rows in json.loads(summary.read_text())["tasks"].items()
+    ]
+    candidates = args.candidates or list(dict.fromkeys(name for _, rows, _ in columns for name in rows))
+    missing = [
+        f"{name} on {task} ({summary})" for task, rows, summary in columns for name in candidates if name not in rows
+    ]
     if missing:
-        raise SystemExit(f"{args.summary} has no rows for {', '.join(missing)}; run scripts/staleness_parity.py first.")
+        raise SystemExit(f"no rows for {', '.join(missing)}; run scripts/staleness_parity.py first.")
 
     import matplotlib
 
@@ -50,9 +57,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     figure, grid = plt.subplots(
-        len(candidates), len(tasks), figsize=(4.2 * len(tasks), 2.6 * len(candidates)), dpi=110, squeeze=False
+        len(candidates), len(columns), figsize=(4.2 * len(columns), 2.6 * len(candidates)), dpi=110, squeeze=False
     )
-    for column, (task, rows) in enumerate(tasks.items()):
+    for column, (task, rows, _) in enumerate(columns):
         for line, name in enumerate(candidates):
             axes, row = grid[line][column], rows[name]
             for staleness, color in (("s0", "tab:gray"), ("s1", "tab:blue")):
@@ -68,7 +75,9 @@ def main() -> None:
                 axes.set_ylabel("validation", fontsize=8)
             if line == 0 and column == 0:
                 axes.legend(fontsize=8)
-        grid[0][column].annotate(METRIC_NAMES.get(task, task), (0.5, 1.25), xycoords="axes fraction", ha="center")
+        seeds = rows[candidates[0]]["seeds"]
+        heading = f"{METRIC_NAMES.get(task, task)}\nseeds {seeds[0]}-{seeds[-1]}"
+        grid[0][column].annotate(heading, (0.5, 1.25), xycoords="axes fraction", ha="center", fontsize=9)
     figure.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out)

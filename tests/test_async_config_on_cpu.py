@@ -322,7 +322,14 @@ def test_lora_with_merged_syncs_passes():
 
 
 def test_a_reward_model_on_a_pool_of_its_own_passes():
-    validate_config(compose_config("one_step_off_ppo_cpu", "reward.reward_model.enable=true"))
+    validate_config(
+        compose_config(
+            "one_step_off_ppo_cpu", "reward.reward_model.enable=true", "reward.custom_reward_function.path=null"
+        )
+    )
+    # A reward function set as well: verl scores with it, so the launch says the model scores nothing by itself.
+    with pytest.warns(UserWarning, match=r"verl scores with the function; the reward model is served but scores only"):
+        validate_config(compose_config("one_step_off_ppo_cpu", "reward.reward_model.enable=true"))
     gpu = compose_config(
         "one_step_off_ppo_trainer",
         "actor_rollout_ref.model.path=/models/any",
@@ -334,6 +341,19 @@ def test_a_reward_model_on_a_pool_of_its_own_passes():
     )
     assert gpu.reward.reward_model.enable_resource_pool  # the recipe's default: a pool of its own
     validate_config(gpu)
+    # Tensor parallel 4 on nodes of 3 GPUs: verl would place a replica over two nodes unevenly.
+    uneven = compose_config(
+        "one_step_off_ppo_trainer",
+        "actor_rollout_ref.model.path=/models/any",
+        "reward.reward_model.enable=true",
+        "reward.reward_model.model_path=/models/rm",
+        "reward.reward_model.rollout.name=vllm",
+        "reward.reward_model.nnodes=2",
+        "reward.reward_model.n_gpus_per_node=3",
+        "reward.reward_model.rollout.tensor_model_parallel_size=4",
+    )
+    with pytest.raises(ConfigError, match=r"splits a replica unevenly over nodes"):
+        validate_config(uneven)
 
 
 def test_a_vision_language_model_is_refused_on_the_hf_rollout(tmp_path, demo_assets):

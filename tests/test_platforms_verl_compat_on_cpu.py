@@ -205,11 +205,9 @@ def test_separation_trainer_still_reads_the_critic_fsdp_config_from_its_model():
     assert "partial(value_loss, config=self.orig_critic_cfg)" in inspect.getsource(SeparateRayPPOTrainer)
 
 
-def _disrm_request(engine: str, scoring) -> tuple[list, object]:
-    """What ``scoring`` (a ``RewardLoopWorker.compute_score_disrm``) posts for a sample, and what it returns."""
-    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
-
-    worker = object.__new__(RewardLoopWorker)  # no tokenizers or reward manager: the request is all we read
+def _disrm_request(engine: str, worker_class) -> tuple[list, object]:
+    """What ``worker_class.compute_score_disrm`` (verl's reward-loop worker) posts for a sample, and returns."""
+    worker = object.__new__(worker_class)  # no tokenizers or reward manager: the request is all we read
     worker.config = OmegaConf.create({"reward": {"reward_model": {"model_path": "/rm", "rollout": {"name": engine}}}})
     posted = []
 
@@ -222,30 +220,36 @@ def _disrm_request(engine: str, scoring) -> tuple[list, object]:
 
     worker._preprocess_reward_inputs, worker._post_request = preprocess, post
     try:
-        result = asyncio.run(scoring(worker, "sample"))
+        result = asyncio.run(worker.compute_score_disrm("sample"))
     except NotImplementedError as error:
         result = error
     return posted, result
 
 
-def test_p6_verl_still_scores_a_reward_model_only_on_its_own_engines_without_extra_info():
-    """Why verl_patches.patch_reward_loop_classify gives ``hf`` vLLM's /classify request (and that it is verl's),
-    and every engine's result the ``reward_extra_info`` verl's agent loop reads."""
+def test_verl_still_scores_a_reward_model_only_on_its_own_engines_without_extra_info():
+    """Why trainer/reward_loop.py gives ``hf`` vLLM's /classify request (and that it is verl's), and every engine's
+    result the ``reward_extra_info`` verl's agent loop reads."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
 
-    patched = RewardLoopWorker.compute_score_disrm
-    verl_scoring = patched.verl_original
-    posted, result = _disrm_request("hf", verl_scoring)
+    from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopWorker
+
+    posted, result = _disrm_request("hf", RewardLoopWorker)
     assert not posted and isinstance(result, NotImplementedError)
     # verl's agent loop reads a reward_extra_info that verl's scoring does not return (verl issue #7368).
     assert 'result["reward_extra_info"]' in inspect.getsource(AgentLoopWorker._compute_score)
-    verl_posted, verl_result = _disrm_request("vllm", verl_scoring)
+    verl_posted, verl_result = _disrm_request("vllm", RewardLoopWorker)
     assert verl_result == {"reward_score": 0.25}
-    # The hf server answers vLLM's protocol: the patch sends exactly what verl's vLLM branch sends.
+    # The hf server answers vLLM's protocol: the subclass sends exactly what verl's vLLM branch sends.
     fixed = {"reward_score": 0.25, "reward_extra_info": {}}
-    assert _disrm_request("hf", patched) == (verl_posted, fixed)
-    assert _disrm_request("vllm", patched) == (verl_posted, fixed)  # other engines: verl's request
+    assert _disrm_request("hf", OneStepOffRewardLoopWorker) == (verl_posted, fixed)
+    assert _disrm_request("vllm", OneStepOffRewardLoopWorker) == (verl_posted, fixed)  # other engines: verl's
+    # verl's manager creates its workers from the class attribute the subclass sets first.
+    manager_init = inspect.getsource(RewardLoopManager.__init__)
+    assert manager_init.index("self.reward_loop_workers_class = ray.remote(RewardLoopWorker)") < manager_init.index(
+        "self._init_reward_loop_workers()"
+    )
+    assert "self.reward_loop_workers_class.options(" in inspect.getsource(RewardLoopManager._init_reward_loop_workers)
 
 
 def test_separation_trainer_still_builds_a_legacy_reward_model_worker_group():

@@ -448,6 +448,21 @@ def test_the_reward_model_server_answers_vllm_classify_with_the_classifiers_logi
     assert client.post("/classify", json={"input": "abc", "prompt": "x"}).status_code == 422
     too_long = client.post("/classify", json={"input": "a" * 600})
     assert too_long.status_code == 400 and "reward.reward_model.rollout.max_model_len" in too_long.text
+    # Scored at the last token even when it is the pad token (vLLM's pooling; transformers would skip it).
+    ending_in_pad = "abc" + tokenizer.pad_token
+    ids = tokenizer(ending_in_pad, return_tensors="pt")["input_ids"]
+    assert ids[0, -1] == tokenizer.pad_token_id
+    with torch.inference_mode():
+        last_token = model.score(model.model(input_ids=ids).last_hidden_state)[0, -1, 0].item()
+    [padded] = client.post("/classify", json={"input": ending_in_pad, "use_activation": False}).json()["data"]
+    assert padded["probs"] == pytest.approx([last_token], abs=1e-6) and last_token != pytest.approx(expected[1])
+
+
+def test_a_checkpoint_without_a_classifier_head_is_refused_as_a_reward_model(demo_assets):
+    from verl.workers.config import HFModelConfig
+
+    with pytest.raises(ValueError, match=r"is not a sequence-classification checkpoint: it lacks \['score.weight'\]"):
+        HFRewardServer(rollout_config(dtype="float32"), HFModelConfig(path=demo_assets.model_dir), replica_rank=0)
 
 
 def test_a_reward_model_replica_serves_the_classifier_and_names_its_own_keys():

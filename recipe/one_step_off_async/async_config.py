@@ -10,6 +10,7 @@ starts, so a bad config costs seconds, not a cluster allocation; the tests call 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
@@ -433,12 +434,25 @@ def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
             + " ".join(f"{key}.rollout.{size}=1" for size in wrong)
             + ".",
         )
+    problems.require(
+        not OmegaConf.select(config, "async_training.one_gpu"),
+        f"{key}.enable=true with async_training.one_gpu=true: the reward model needs a device of its own besides the "
+        "one GPU the actor and the rollout share. Use a layout with a reward pool (trainer.device=cuda without "
+        "one_gpu), or a reward function.",
+    )
+    if config.reward.custom_reward_function.path is not None:
+        warnings.warn(
+            f"{key}.enable=true with reward.custom_reward_function.path={config.reward.custom_reward_function.path}: "
+            "verl scores with the function; the reward model is served but scores only what the function sends it. "
+            "Set reward.custom_reward_function.path=null to score with the reward model.",
+            stacklevel=2,
+        )
     sizes = (reward_model.n_gpus_per_node, reward_model.nnodes)
     problems.require(
-        all(_is_count(size) for size in sizes) and sizes[0] * sizes[1] >= world,
+        all(_is_count(size) for size in sizes) and sizes[0] * sizes[1] >= world and world % min(sizes[0], world) == 0,
         f"{key}.n_gpus_per_node={reward_model.n_gpus_per_node} x {key}.nnodes={reward_model.nnodes} leaves the "
-        f"reward model's pool smaller than one replica ({world} device(s): tensor x data x pipeline parallel). Set "
-        f"{key}.nnodes and {key}.n_gpus_per_node to at least one replica's devices.",
+        f"reward model's pool smaller than one replica ({world} device(s): tensor x data x pipeline parallel) or splits "
+        f"a replica unevenly over nodes. Set {key}.nnodes and {key}.n_gpus_per_node to hold whole replicas.",
     )
 
 

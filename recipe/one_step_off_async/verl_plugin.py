@@ -4,9 +4,8 @@ verl imports the modules listed in ``VERL_USE_EXTERNAL_MODULES`` at ``import ver
 (``verl/__init__.py``), in the driver and in every Ray worker. This module is the only one of the
 recipe listed there, so it is the one place that decides what of the recipe runs in every process:
 
-- the CPU platform (registered; patched in when ``VERL_PLATFORM=cpu``), the one-GPU patch (when
-  ``async_training.one_gpu`` put its variable in the environment) and the reward loop's patch (always:
-  ``platforms/verl_patches.py``);
+- the CPU platform (registered; patched in when ``VERL_PLATFORM=cpu``) and the one-GPU patch (when
+  ``async_training.one_gpu`` put its variable in the environment);
 - the weight-sync engines ``gloo`` and ``checkpoint`` in verl's ``CheckpointEngineRegistry``, so that
   ``rollout.checkpoint_engine.backend=gloo`` (or ``checkpoint``) works with no ``custom_backend_module``;
 - the ``hf`` rollout replica in verl's ``RolloutReplicaRegistry`` (imported on first lookup), so that
@@ -44,7 +43,6 @@ def apply() -> None:
     RolloutReplicaRegistry.register(hf.ROLLOUT_NAME, _hf_replica)
     # From the environment only: `platforms.cpu` may be half imported here (it imports verl, which imports us).
     verl_patches.apply_when_cpu_is_selected()
-    verl_patches.patch_reward_loop_classify()
     one_gpu.apply()
 
 

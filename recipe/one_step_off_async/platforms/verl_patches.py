@@ -23,16 +23,6 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
   LoRA-merged weights a sync sends are cast to bf16, whatever the rollout's dtype (full weights keep
   theirs). The CPU rollout runs in fp32, so a LoRA run's rollout would sample from rounded weights
   (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the model's dtype.
-
-On every platform (``verl_plugin.apply``), for a reward model (``reward.reward_model.enable``):
-
-- ``verl/experimental/reward_loop/reward_loop.py`` ``RewardLoopWorker.compute_score_disrm``: returns no
-  ``reward_extra_info``, which verl's agent loop reads when it scores each sample as it is generated (the
-  reward model on its own pool): ``KeyError`` on the first sample, with vLLM as with any engine (verl issue
-  #7368). The patch returns an empty one. verl also scores only with vLLM (``/classify``) or SGLang and
-  raises ``NotImplementedError`` for any other engine; the CPU reward model
-  (``reward.reward_model.rollout.name=hf``, ``rollout/hf/reward_server.py``) serves vLLM's ``/classify``,
-  so ``hf`` takes vLLM's request, exactly as verl builds it.
 """
 
 from __future__ import annotations
@@ -44,7 +34,6 @@ from collections.abc import Iterator
 from omegaconf import DictConfig, open_dict
 
 VERL_VERSION = "0.9.1"
-HF_ROLLOUT = "hf"  # rollout.hf.ROLLOUT_NAME (the CPU rollout backend; this layer sits below it)
 PLATFORM_ENV = "VERL_PLATFORM"  # verl's own variable: the platform every process resolves
 CPU_PLATFORM = "cpu"
 
@@ -137,32 +126,6 @@ def patch_merged_lora_dtype() -> None:
     from verl.workers.engine.fsdp import transformer_impl
 
     transformer_impl.FSDPEngine._merged_lora_per_tensor_param = _merged_lora_per_tensor_param
-
-
-def patch_reward_loop_classify() -> None:
-    """``verl/experimental/reward_loop/reward_loop.py``: ``RewardLoopWorker.compute_score_disrm`` (idempotent)."""
-    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
-
-    verl_scoring = RewardLoopWorker.compute_score_disrm
-    if hasattr(verl_scoring, "verl_original"):
-        return
-
-    async def compute_score_disrm(self, data):
-        """verl's scoring (for ``hf``, the request of verl's vLLM branch), with a ``reward_extra_info``."""
-        if self.config.reward.reward_model.rollout.name != HF_ROLLOUT:
-            result = await verl_scoring(self, data)
-        else:
-            payload = {
-                "model": self.config.reward.reward_model.model_path,
-                "input": await self._preprocess_reward_inputs(data),
-                "use_activation": False,
-            }
-            output = await self._post_request(payload, "classify")
-            result = {"reward_score": output["data"][-1]["probs"][-1]}
-        return {"reward_extra_info": {}, **result}
-
-    compute_score_disrm.verl_original = verl_scoring
-    RewardLoopWorker.compute_score_disrm = compute_score_disrm
 
 
 def apply_all() -> None:

@@ -137,16 +137,16 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             self.use_rm = use_rm
 
     def _init_reward_loop(self) -> None:
-        """verl's reward loop; a reward model gets a pool of its own (standalone replicas).
+        """verl's reward loop (``trainer/reward_loop.py``); a reward model gets a pool of its own.
 
-        Each replica takes ``reward.reward_model.n_gpus_per_node x nnodes`` / its world size devices, outside the
-        training and rollout pools. The reward loop's workers go to the agent loops (``_init_async_rollout_manager``),
-        so each sample is scored as soon as it is generated: the scoring is part of generating a batch, which
-        overlaps training, and the step only reads the scores (``rm_scores``).
+        The pool is ``reward.reward_model.n_gpus_per_node x nnodes`` devices outside the training and rollout pools,
+        one standalone replica per ``rollout`` world size of them. The reward loop's workers go to the agent loops
+        (``_init_async_rollout_manager``), so each sample is scored as soon as it is generated: the scoring is part
+        of generating a batch, which overlaps training, and the step only reads the scores (``rm_scores``).
         """
-        from verl.experimental.reward_loop import RewardLoopManager
+        from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopManager
 
-        self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
+        self.reward_loop_manager = OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None)
 
     def init_workers(self) -> None:
         super().init_workers()
@@ -390,6 +390,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         # (one physical device when both pools share it).
         trainer, rollout = self.config.trainer, self.config.actor_rollout_ref.rollout
         devices = trainer.nnodes * trainer.n_gpus_per_node + rollout.nnodes * rollout.n_gpus_per_node
+        reward_model = self.config.reward.reward_model
+        devices += reward_model.nnodes * reward_model.n_gpus_per_node if reward_model.enable else 0
         devices = 1 if self.async_config.one_gpu else devices
         self.metrics.update(compute_throughout_metrics(batch=batch, timing_raw=self.timing_raw, n_gpus=devices))
         # (max(gen, train) + sync) / step, with gen = generation that ran during this step: 1.0 when

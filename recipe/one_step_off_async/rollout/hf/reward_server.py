@@ -15,7 +15,7 @@ protocol lets the CPU path run verl's reward loop unmodified: router, reward wor
 How: ``launch_server`` starts the app with verl's ``run_uvicorn`` in the actor's event loop and returns
 ``host:port``. Each text is tokenized as vLLM does (``add_special_tokens=True``) and scored alone, one at a
 time on one thread: no padding, so a score never depends on what it arrived with (the determinism vLLM
-gets from ``max_num_seqs=1``). The scores are the classifier's logits at the last token; with
+gets from ``max_num_seqs=1``). The scores are the classifier's logits at the last token (as vLLM's pooler; transformers would skip trailing pad tokens); with
 ``use_activation`` (vLLM's default) a softmax over the labels, or a sigmoid for a single label, as vLLM's
 classify pooler applies them.
 """
@@ -23,6 +23,7 @@ classify pooler applies them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,8 @@ from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.utils import run_uvicorn
 
+_log = logging.getLogger(__name__)
+
 
 class ClassifyRequest(BaseModel):
     """vLLM's classification request, the fields verl's reward loop sends; any other field is refused (422)."""
@@ -52,13 +55,25 @@ class ClassifyRequest(BaseModel):
 
 
 def load_classifier(model_config: HFModelConfig, dtype: str) -> PreTrainedModel:
-    """The reward model (a sequence-classification head on a causal LM) with SDPA attention, in eval mode."""
-    return AutoModelForSequenceClassification.from_pretrained(
+    """The reward model (a sequence-classification head on a causal LM) with SDPA attention, in eval mode.
+
+    Raises if the checkpoint lacks weights of the classifier (a policy checkpoint loads with a random head). Its
+    score is taken at the last token, as vLLM's pooler does: transformers would skip trailing pad tokens.
+    """
+    model, loading = AutoModelForSequenceClassification.from_pretrained(
         model_config.local_path,
         dtype=PrecisionType.to_dtype(dtype),
         attn_implementation="sdpa",
         trust_remote_code=model_config.trust_remote_code,
-    ).eval()
+        output_loading_info=True,
+    )
+    if loading["missing_keys"]:
+        raise ValueError(
+            f"reward.reward_model.model_path={model_config.path} is not a sequence-classification checkpoint: it lacks "
+            f"{sorted(loading['missing_keys'])}, which would score with random weights. Point it at a reward model."
+        )
+    model.config.get_text_config().pad_token_id = None  # one text per forward: no padding to skip
+    return model.eval()
 
 
 def activation(logits: torch.Tensor) -> torch.Tensor:
@@ -109,6 +124,8 @@ class HFRewardServer:
         try:
             scored = [await loop.run_in_executor(self._scoring, self.score, text, use_activation) for text in texts]
         except ValueError as error:
+            # verl's router turns the 400 into a 500 that its reward workers retry: the cause shows only here.
+            _log.error("reward model replica %d refused a request: %s", self.replica_rank, error)
             raise HTTPException(status_code=400, detail=str(error)) from error
         labels = self.model.config.id2label
         data = []

@@ -1,0 +1,46 @@
+"""verl's reward loop with a reward model on a pool of its own, for every rollout backend the recipe runs.
+
+What: ``OneStepOffRewardLoopManager``, verl's ``RewardLoopManager`` whose workers are
+``OneStepOffRewardLoopWorker``: verl's ``RewardLoopWorker`` with one method changed,
+``compute_score_disrm`` (``verl/experimental/reward_loop/reward_loop.py``, verl 0.9.1).
+
+Why: verl's method scores with a discriminative reward model served by vLLM (``/classify``) or SGLang and
+raises ``NotImplementedError`` for any other engine; the CPU reward model (``reward.reward_model.rollout.name
+=hf``, ``rollout/hf/reward_server.py``) serves vLLM's ``/classify``, so ``hf`` is given vLLM's request,
+exactly as verl builds it. And it returns no ``reward_extra_info``, which verl's agent loop reads when it
+scores each sample as it is generated (a reward model on its own pool): ``KeyError`` at the first sample,
+with vLLM as with any engine (verl issue #7368); here it returns an empty one.
+
+How: verl's manager builds its workers from ``reward_loop_workers_class``; the subclass sets it before
+they are created. ``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl changes either behaviour.
+"""
+
+from __future__ import annotations
+
+import ray
+from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
+
+# The recipe's CPU rollout backend (rollout.hf.ROLLOUT_NAME; the trainer does not import backends).
+HF_ROLLOUT = "hf"
+
+
+class OneStepOffRewardLoopWorker(RewardLoopWorker):
+    async def compute_score_disrm(self, data) -> dict:
+        """verl's scoring (for ``hf``, the request of verl's vLLM branch), with a ``reward_extra_info``."""
+        if self.config.reward.reward_model.rollout.name != HF_ROLLOUT:
+            result = await super().compute_score_disrm(data)
+        else:
+            payload = {
+                "model": self.config.reward.reward_model.model_path,
+                "input": await self._preprocess_reward_inputs(data),
+                "use_activation": False,
+            }
+            output = await self._post_request(payload, "classify")
+            result = {"reward_score": output["data"][-1]["probs"][-1]}
+        return {"reward_extra_info": {}, **result}
+
+
+class OneStepOffRewardLoopManager(RewardLoopManager):
+    def _init_reward_loop_workers(self) -> None:
+        self.reward_loop_workers_class = ray.remote(OneStepOffRewardLoopWorker)
+        super()._init_reward_loop_workers()
