@@ -5,7 +5,9 @@ its own) and draws, for each task of each summary (columns, titled with the task
 chosen candidate (rows), the validation curve at staleness 1 and that of its staleness-0 baseline, the mean
 over seeds as a line and the range over seeds as a band.
 
-Why: the default correction is chosen by this measurement; the figure shows what the table summarises.
+Why: the default correction is chosen by this measurement; the figures show what the tables summarise
+(docs/advance/staleness_parity.png: the screen; staleness_parity_confirm.png: the confirmation, drawn with
+``--summary <graded fresh seeds>.json <binary>.json --candidates token_is bypass no_correction``).
 
 How: ``python scripts/staleness_parity_figure.py [--summary outputs/staleness_parity/summary.json ...]
 [--candidates token_is bypass] [--out docs/advance/staleness_parity.png]``
