@@ -9,6 +9,7 @@ starts, so a bad config costs seconds, not a cluster allocation; the tests call 
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
 }
 
 CONSOLE_FORMATS = ("compact", "verl")
+# A replica's devices: the product of these sizes of its rollout config.
+PARALLEL_SIZES = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 # verl's multi-turn agent loops (rollout.agent.default_agent_loop), refused until they run through the pipeline.
 MULTI_TURN_AGENT_LOOPS = ("tool_agent",)
 # verl's advantage estimators the pipeline refuses, with the reason (the others run: the support matrix
@@ -305,12 +308,11 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         problems.skipped.append("the replica and batch sizes (they need both pools)")
 
     if async_config is not None and async_config.one_gpu:
-        parallel = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
-        rollout_world = "x".join(str(rollout[size]) for size in parallel)
+        rollout_world = "x".join(str(rollout[size]) for size in PARALLEL_SIZES)
         problems.require(
             trainer.device == "cuda"
             and (trainer.nnodes, trainer.n_gpus_per_node, rollout.nnodes, rollout.n_gpus_per_node) == (1, 1, 1, 1)
-            and all(rollout[size] == 1 for size in parallel),
+            and all(rollout[size] == 1 for size in PARALLEL_SIZES),
             "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one GPU: it needs "
             "trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, actor_rollout_ref.rollout.nnodes="
             "n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
@@ -422,12 +424,9 @@ def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
         f"{key}.rollout.name={served[0]}.",
     ):
         return
-    parallel = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
-    world = 1
-    for size in parallel:
-        world *= rollout[size] if _is_count(rollout[size]) else 1
+    world = math.prod(rollout[size] if _is_count(rollout[size]) else 1 for size in PARALLEL_SIZES)
     if rollout.name == "hf":
-        wrong = [size for size in parallel if rollout[size] != 1]
+        wrong = [size for size in PARALLEL_SIZES if rollout[size] != 1]
         problems.require(
             not wrong,
             f"{key}.rollout.name=hf serves one process per replica; set "

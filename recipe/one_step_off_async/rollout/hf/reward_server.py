@@ -9,15 +9,15 @@ response schema: ``{"model", "input": text or texts, "use_activation"}`` in, one
 Why: verl 0.9.1's reward loop scores a sample with a discriminative reward model by posting the model's
 chat-formatted text to a router, which forwards it to a replica's HTTP address
 (``RewardLoopWorker.compute_score_disrm``, ``verl/experimental/reward_loop/reward_loop.py``); it speaks
-vLLM's and SGLang's protocols only (``platforms/verl_patches.py`` lets ``hf`` take vLLM's). Serving the same
+vLLM's and SGLang's protocols only (``trainer/reward_loop.py`` lets ``hf`` take vLLM's). Serving the same
 protocol lets the CPU path run verl's reward loop unmodified: router, reward workers, streaming scores.
 
 How: ``launch_server`` starts the app with verl's ``run_uvicorn`` in the actor's event loop and returns
 ``host:port``. Each text is tokenized as vLLM does (``add_special_tokens=True``) and scored alone, one at a
 time on one thread: no padding, so a score never depends on what it arrived with (the determinism vLLM
-gets from ``max_num_seqs=1``). The scores are the classifier's logits at the last token (as vLLM's pooler; transformers would skip trailing pad tokens); with
-``use_activation`` (vLLM's default) a softmax over the labels, or a sigmoid for a single label, as vLLM's
-classify pooler applies them.
+gets from ``max_num_seqs=1``). The scores are the classifier's logits at the last token (as vLLM's pooler
+takes them; transformers would skip trailing pad tokens); with ``use_activation`` (vLLM's default) a softmax
+over the labels, or a sigmoid for a single label, as vLLM's classify pooler applies them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from verl.utils.net_utils import is_valid_ipv6_address
 from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.utils import run_uvicorn
+
+from recipe.one_step_off_async.rollout.hf.server import resolve_max_model_len
 
 _log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class HFRewardServer:
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.model = load_classifier(self.model_config, config.dtype)
         self.tokenizer = self.model_config.tokenizer
-        self.max_model_len = config.max_model_len or self.model.config.max_position_embeddings
+        self.max_model_len = resolve_max_model_len(config, self.model.config, "reward.reward_model.rollout")
         self.served_model = str(self.model_config.path)
         self.replica_rank = replica_rank
         self._scoring = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-model")

@@ -53,14 +53,14 @@ SUPPORTED_SAMPLING_PARAMS = frozenset(
 )
 
 
-def resolve_max_model_len(config: RolloutConfig, hf_config: Any) -> int:
-    """``rollout.max_model_len``, defaulting to the model's context length, as verl's vLLM server does."""
+def resolve_max_model_len(config: RolloutConfig, hf_config: Any, key: str = "actor_rollout_ref.rollout") -> int:
+    """``rollout.max_model_len`` (at ``key``), defaulting to the model's context length, as verl's vLLM server does."""
     max_position_embeddings = get_max_position_embeddings(hf_config)
     if config.max_model_len is None:
         return max_position_embeddings
     if config.max_model_len > max_position_embeddings:
         raise ValueError(
-            f"actor_rollout_ref.rollout.max_model_len={config.max_model_len} exceeds the model's "
+            f"{key}.max_model_len={config.max_model_len} exceeds the model's "
             f"max_position_embeddings={max_position_embeddings}; lower it or leave it unset."
         )
     return config.max_model_len
