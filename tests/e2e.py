@@ -163,6 +163,11 @@ class Run:
         lines = (self.directory / "rollouts" / f"{step}.jsonl").read_text().splitlines()
         return [json.loads(line)["input"] for line in lines]
 
+    def responses(self, step: int) -> list[str]:
+        """The responses trained at ``step``, as verl dumps them (special tokens skipped), in batch order."""
+        lines = (self.directory / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        return [json.loads(line)["output"] for line in lines]
+
 
 def run_main(
     directory: Path,

@@ -4,7 +4,8 @@ Two kinds of faults:
 
 - **In-process**, through verl's own extension points: a custom agent loop
   (``rollout.agent.agent_loop_config_path``) that kills a rollout replica (``ray.kill``, while the
-  calls before it are still generating) on its N-th call, and custom reward functions
+  calls before it are still generating) on its N-th call, a tool agent loop that kills the replica of
+  a conversation between its turns (``failing_conversation``), and custom reward functions
   (``reward.custom_reward_function``) with a given body (one that raises, say).
 - **From outside**, on a run started with ``start_main``: every process of the run (the driver,
   Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
@@ -35,9 +36,14 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 
 from recipe.one_step_off_async.demo.long_tail import AGENT_LOOP_NAME
 from recipe.one_step_off_async.demo.long_tail_agent_loop import BudgetedAgentLoop
+from recipe.one_step_off_async.demo.tool_task import AGENT_LOOP_NAME as TOOL_AGENT_LOOP_NAME
+from recipe.one_step_off_async.elastic.client import SERVED_BY
+from recipe.one_step_off_async.trainer.agent_loops import VersionedToolAgentLoop
 
 TESTS_DIR = Path(__file__).resolve().parent
 KILL_REPLICA_AT_CALL_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_AT_CALL"
+KILL_AT_TOOL_CALL_ENV = "FAULTS_TOOL_AGENT_LOOP_KILL_REPLICA_AT_TOOL_CALL"
+KILLED_CONVERSATION_ENV = "FAULTS_KILLED_CONVERSATION_FILE"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
@@ -74,6 +80,62 @@ class FailingBudgetedAgentLoop(BudgetedAgentLoop):
     async def run(self, sampling_params, **kwargs):
         await _kill_a_replica_on_call(self)
         return await super().run(sampling_params, **kwargs)
+
+
+_tool_calls = [0]
+
+
+class FailingToolAgentLoop(VersionedToolAgentLoop):
+    """The recipe's tool agent loop, except that the N-th tool call in a worker process first kills the
+    replica serving that conversation (the one its turns stick to): the next turn goes to a dead replica.
+    When that conversation ends, what it became is written as JSON to ``KILLED_CONVERSATION_ENV``'s file."""
+
+    killed_replica: str | None = None
+
+    async def _handle_processing_tools_state(self, agent_data):
+        _tool_calls[0] += 1
+        if _tool_calls[0] == int(os.environ.get(KILL_AT_TOOL_CALL_ENV, 0)):
+            server_id, server = await self.server_manager._acquire_server(agent_data.request_id)
+            self.server_manager._release_server(server_id)
+            ray.kill(server)
+            self.killed_replica = server_id
+        return await super()._handle_processing_tools_state(agent_data)
+
+    async def run(self, sampling_params, **kwargs):
+        output = await super().run(sampling_params, **kwargs)
+        if self.killed_replica is not None:
+            record = {
+                "killed_replica": self.killed_replica,
+                "turn_replicas": [turn.extra_fields.get(SERVED_BY) for turn in self._recorder.turns],
+                "prompt": self.tokenizer.decode(output.prompt_ids),
+                "response": self.tokenizer.decode(output.response_ids),
+                "response_mask": output.response_mask,
+                "turns": len(self._recorder.turns),
+                "extra_fields": {key: value for key, value in output.extra_fields.items() if key != "turn_scores"},
+            }
+            Path(os.environ[KILLED_CONVERSATION_ENV]).write_text(json.dumps(record, default=str))
+        return output
+
+
+def failing_conversation(directory: Path, kill_at_tool_call: int) -> tuple[list[str], dict[str, str]]:
+    """Overrides and env for a run whose N-th tool call kills the replica of that conversation, and the
+    long-tail task's rows (if any) run their own loop; the conversation is reported to ``killed_conversation``."""
+    config = directory / "failing_tool_agent_loop.yaml"
+    config.write_text(
+        f"- name: {TOOL_AGENT_LOOP_NAME}\n  _target_: {__name__}.FailingToolAgentLoop\n"
+        f"- name: {AGENT_LOOP_NAME}\n  _target_: {BudgetedAgentLoop.__module__}.BudgetedAgentLoop\n"
+    )
+    env = {
+        KILL_AT_TOOL_CALL_ENV: str(kill_at_tool_call),
+        KILLED_CONVERSATION_ENV: str(directory / "killed_conversation.json"),
+        **_tests_on_python_path(),
+    }
+    return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}"], env
+
+
+def killed_conversation(directory: Path) -> dict:
+    """What ``FailingToolAgentLoop`` reported of the conversation whose replica it killed."""
+    return json.loads((directory / "killed_conversation.json").read_text())
 
 
 def failing_generation(

@@ -146,7 +146,6 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["algorithm.adv_estimator=remax"], r"adv_estimator=remax.*use algorithm.adv_estimator=grpo.*or gae"),
         (["algorithm.adv_estimator=gdpo"], r"adv_estimator=gdpo: GDPO needs per-component rewards"),
         (["algorithm.adv_estimator=optimal_token_baseline"], r"optimal_token_baseline: the optimal-token baseline"),
-        (["actor_rollout_ref.rollout.multi_turn.enable=true"], r"multi_turn.enable=true: multi-turn \(tool-calling\)"),
         (["actor_rollout_ref.model.lora_rank=8"], r"lora_rank=8 with .*lora.merge=False: the weight sync would send"),
         (
             ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"]
@@ -164,10 +163,6 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (
             ["algorithm.adv_estimator=gae", "critic.enable=false"],
             r"critic.enable=False with algorithm.adv_estimator=gae",
-        ),
-        (
-            ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"],
-            r"default_agent_loop=tool_agent: multi-turn",
         ),
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], r"tensor_model_parallel_size=0 must be a posi"),
         (["data.train_batch_size=abc"], r"data.train_batch_size='abc' must be a positive integer"),
@@ -203,10 +198,6 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (
             [*PARTIAL, "actor_rollout_ref.rollout.full_determinism=true"],
             r"partial_rollout=true with .*full_determinism=true: a run is reproducible only if",
-        ),
-        (
-            [*PARTIAL, "actor_rollout_ref.rollout.multi_turn.enable=true"],
-            r"multi_turn.enable=true: multi-turn \(tool-calling\) agent loops have not been run through the pipeline",
         ),
         (
             [*ELASTIC, "async_training.elastic.min_replicas=2"],
@@ -368,15 +359,19 @@ def test_a_vision_language_model_is_refused_on_the_hf_rollout(tmp_path, demo_ass
     check_model_modality(compose_config("one_step_off_ppo_trainer", f"actor_rollout_ref.model.path={tmp_path}"))
 
 
-def test_data_whose_rows_name_a_multi_turn_agent_loop_is_refused(tmp_path, demo_assets):
-    tools = tmp_path / "tools.parquet"
-    pd.read_parquet(demo_assets.long_tail_train_file).assign(agent_name="tool_agent").to_parquet(tools)
-    good = demo_assets.long_tail_val_file  # its rows name the long-tail task's single-turn loop
-    with pytest.raises(
-        ConfigError, match=f"data.train_files: {tools} has rows with agent_name tool_agent, a multi-turn"
-    ):
-        check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={tools}", f"data.val_files={good}"))
-    check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files={good}"))
+def test_multi_turn_tool_use_passes_the_launch_checks_in_every_mode(demo_assets):
+    """verl's tool agent loop runs here (trainer/agent_loops.py): by default loop or by the rows, in any mode."""
+    tool_use = (
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={demo_assets.tool_function_path}",
+        f"data.train_files={demo_assets.tool_train_file}",
+        f"data.val_files={demo_assets.tool_val_file}",
+    )
+    for mode in ((), PARTIAL, (*PARTIAL, *ELASTIC, "actor_rollout_ref.rollout.n_gpus_per_node=2")):
+        config = compose_config("one_step_off_ppo_cpu", *tool_use, *mode)
+        validate_config(config)
+        check_data_files(config)
 
 
 def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):

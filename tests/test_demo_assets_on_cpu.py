@@ -27,7 +27,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
 from recipe.one_step_off_async.demo import assets as assets_module
-from recipe.one_step_off_async.demo import long_tail
+from recipe.one_step_off_async.demo import long_tail, tool_task
 from recipe.one_step_off_async.demo.assets import ASSETS_VERSION, CACHE_DIR_ENV, asset_dir, ensure_assets
 from recipe.one_step_off_async.demo.evaluate import accuracy, generate_responses, read_rows
 from recipe.one_step_off_async.demo.model import init_model
@@ -466,3 +466,56 @@ def test_long_tail_agent_loop_generates_exactly_the_budget(monkeypatch):
     loop = BudgetedAgentLoop.__new__(BudgetedAgentLoop)
     asyncio.run(loop.run({"temperature": 1.0}, extra_info={"response_budget": 37}))
     assert seen == {"temperature": 1.0, "max_tokens": 37, "ignore_eos": True}
+
+
+# --- the tool-use task ---------------------------------------------------------------------------
+
+
+def test_tool_use_rows_name_verls_tool_agent_loop_and_ask_the_sort_problems(assets):
+    rows = read_rows(assets.tool_train_file)
+    assert {row["agent_name"] for row in rows} == {"tool_agent"}
+    assert {row["data_source"] for row in rows} == {tool_task.DATA_SOURCE}
+    assert [row["prompt"] for row in rows] == [row["prompt"] for row in read_rows(assets.train_file)]
+
+
+def test_tool_use_model_mostly_calls_the_tool_with_the_prompts_letters(assets):
+    tokenizer = AutoTokenizer.from_pretrained(assets.tool_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(assets.tool_model_dir).eval()
+    rows = read_rows(assets.tool_val_file)[:32]
+    prompts = [encode_chat_prompt(tokenizer, row["prompt"]) for row in rows]
+    calls = 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for prompt, row in zip(prompts, rows, strict=True):
+            output = model.generate(
+                torch.tensor([prompt]),
+                generation_config=GenerationConfig(
+                    max_new_tokens=tool_task.MAX_RESPONSE_LENGTH,
+                    do_sample=True,
+                    top_k=0,
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                ),
+            )
+            text = tokenizer.decode(output[0, len(prompt) :], skip_special_tokens=True)
+            calls += text == tool_task.tool_call(row["prompt"][0]["content"].removeprefix(PROMPT_PREFIX))
+    assert calls >= 0.4 * len(rows), calls  # sampled at temperature 1; the teacher calls it in 75%
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        (
+            '<tool_call>{"name": "sort_letters", "arguments": {"letters": "dbeca"}}</tool_call>\ntool\nabcde\nassistant\nabcde',
+            1.0,
+        ),
+        ("abcde", 1.0),  # answered directly
+        (
+            '<tool_call>{"name": "sort_letters", "arguments": {"letters": "dbeca"}}</tool_call>\ntool\nabcde\nassistant\nabde',
+            0.0,
+        ),
+        ('<tool_call>{"name": "sort_letters"', 0.0),  # a call cut off: no answer
+    ],
+)
+def test_tool_use_reward_scores_the_final_answer(response, score):
+    assert compute_score(tool_task.DATA_SOURCE, response, "abcde") == score

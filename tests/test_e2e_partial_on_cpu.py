@@ -1,12 +1,16 @@
-"""Partial rollout on the real entry point: the long-tail task at staleness 2, a replica lost mid-sample, a resume.
+"""Partial rollout on the real entry point: long-tail and multi-turn tool use at staleness 2, a replica lost
+mid-conversation, a resume.
 
-Two launches (about a minute each on 2 cores), on ``one_step_off_ppo_cpu_long_tail`` (responses of 2 to
-480 tokens, so syncs land while the long samples are still generating):
+Two launches (about a minute each on 2 cores), on ``one_step_off_ppo_cpu_long_tail`` with an agentic half:
+every batch holds 2 long-tail prompts of 200 to 480 tokens (so each sync lands while they generate) and 2
+prompts of the tool-use task (``demo/tool_task.py``: the model calls the
+demo's tool through verl's tool agent loop, then answers), 4 samples each, by the tool-use model:
 
-- 6 steps, partial rollout, staleness 2, two ``hf`` replicas in an elastic pool, one killed while the
-  first batches generate (agent-loop call 26: 9 requests of batch 2 and the long tail of batch 1 are
+- 6 steps, partial rollout, staleness 2, two ``hf`` replicas in an elastic pool, one killed between the
+  turns of a conversation (the 8th tool call: batch 2's conversations and the long tail of batch 1 are
   running), a checkpoint at step 3. The run finishes; every step trains its dataloader batch, the trainer
-  checked every token's version against [k-1-s, k-1]; some samples span versions;
+  checked the version of every token of every turn against [k-1-s, k-1]; some samples span versions; the
+  conversation whose replica died continued on the survivor and ended correctly;
 - resumed from that step-3 checkpoint by path, weights moving through files (the ``checkpoint`` engine, the
   other weight-sync backend partial rollout supports on CPU): steps 4-6 train the same prompts as the first
   run (the batches in flight at the checkpoint are regenerated from their prompts), within the same bounds.
@@ -14,11 +18,19 @@ Two launches (about a minute each on 2 cores), on ``one_step_off_ppo_cpu_long_ta
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from e2e import checkpoint_engine, contract_version, run_main
-from faults import failing_generation
+from faults import failing_conversation, killed_conversation
+
+from recipe.one_step_off_async.demo import long_tail, task, tool_task
+from recipe.one_step_off_async.elastic.client import SERVED_BY
+from recipe.one_step_off_async.rollout.partial import VERSION_RUNS
 
 pytestmark = pytest.mark.e2e
 
@@ -32,16 +44,49 @@ PARTIAL = (
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
     f"trainer.save_freq={SAVED_AT}",
+    "data.shuffle=false",  # the mixed file's order: 2 long-tail and 2 tool-use prompts per batch
+    "actor_rollout_ref.rollout.multi_turn.enable=true",
+    "actor_rollout_ref.rollout.multi_turn.format=hermes",
 )
+LONG_BUDGET = 200
+TOOL_ROW_INDEX = 1_000_000  # the tool-use rows' extra_info.index, after the long-tail rows'
+
+
+def mixed_task(directory, demo_assets) -> tuple[str, ...]:
+    """Overrides for the mixed long-tail and tool-use data, the tool and the tool-use model."""
+    # Long-tail rows of at least LONG_BUDGET tokens: every batch's long samples outlast a training step, so
+    # the syncs after steps 1-4 land while they generate, however fast this machine trains.
+    long_rows = [
+        row
+        for row in pq.read_table(demo_assets.long_tail_train_file).to_pylist()
+        if row["extra_info"]["response_budget"] >= LONG_BUDGET
+    ]
+    tool_rows = pq.read_table(demo_assets.tool_train_file).to_pylist()
+    rows = []
+    for start in range(0, 64, 2):  # 32 batches
+        rows += long_rows[start : start + 2]
+        rows += [
+            row | {"extra_info": row["extra_info"] | {"index": TOOL_ROW_INDEX + row["extra_info"]["index"]}}
+            for row in tool_rows[start : start + 2]
+        ]
+    path = directory / "mixed_train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=long_tail.ROW_SCHEMA), path)
+    return (
+        f"data.train_files={path}",
+        f"data.max_prompt_length={task.MAX_PROMPT_LENGTH}",  # the sort prompts are the longer ones
+        f"actor_rollout_ref.model.path={demo_assets.tool_model_dir}",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={demo_assets.tool_function_path}",
+    )
 
 
 @pytest.fixture(scope="module")
 def partial_run(tmp_path_factory, demo_assets):
     directory = tmp_path_factory.mktemp("partial")
-    overrides, env = failing_generation(directory, kill_replica_at_call=SAMPLES_PER_BATCH + 10, long_tail=True)
+    overrides, env = failing_conversation(directory, kill_at_tool_call=8)
     return run_main(
         directory,
         *PARTIAL,
+        *mixed_task(directory, demo_assets),
         "async_training.elastic.enable=true",
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         *overrides,
@@ -79,10 +124,49 @@ def test_partial_run_spans_versions_within_the_contract_and_survives_a_lost_repl
     assert all(0 <= value <= 1 for value in occupancy) and max(occupancy) > 0
 
 
-def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(partial_run, tmp_path):
+def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_correctly(partial_run):
+    assert partial_run.returncode == 0, partial_run.output[-5000:]
+    # user, tool call, tool response, answer: verl counts 4 turns.
+    assert max(values["num_turns/max"] for values in partial_run.metrics.values()) >= 4
+    conversation = killed_conversation(partial_run.directory)
+    # The tool call ran on the replica killed after it; the answer on the survivor (sent there at once, or
+    # sent again after reaching the dead replica before the pool dropped it).
+    first, *_, last = conversation["turn_replicas"]
+    assert conversation["turns"] == 2 and first == conversation["killed_replica"] != last, conversation
+    fields = conversation["extra_fields"]
+    assert fields[SERVED_BY] == last
+    # Every model token of both turns carries its version; the trainer checked them against the contract.
+    assert sum(n_tokens for _, n_tokens in fields[VERSION_RUNS]) == sum(conversation["response_mask"])
+    call = re.search(r"<tool_call>(.*?)</tool_call>", conversation["response"])
+    assert call, conversation["response"]
+    letters = json.loads(call.group(1))["arguments"]["letters"]
+    tool_turn = f"<|im_start|>tool\n{''.join(sorted(letters))}<|im_end|>\n<|im_start|>assistant\n"
+    assert tool_turn in conversation["response"], conversation["response"]
+    answer = conversation["response"].split(tool_turn, 1)[1]
+    assert answer.endswith("<|im_end|>") and len(answer) > len("<|im_end|>"), answer
+    # Every well-formed tool call in the dumps was answered by the tool with the sorted letters.
+    calls = 0
+    for step in range(1, STEPS + 1):
+        for response in partial_run.responses(step):
+            for call in re.finditer(r"<tool_call>(.*?)</tool_call>", response):
+                try:
+                    parsed = json.loads(call.group(1))
+                    letters = parsed["arguments"]["letters"]
+                except (ValueError, KeyError, TypeError):
+                    continue  # the policy's malformed call: no tool ran
+                if parsed["name"] != tool_task.TOOL_NAME:
+                    continue  # a misspelt tool: verl answers with the tools it has
+                calls += 1
+                # The tool's turn follows the rest of the assistant's (special tokens are not in the dump).
+                assert f"\ntool\n{''.join(sorted(letters))}\nassistant\n" in response[call.end() :], response
+    assert calls >= STEPS * 4, calls
+
+
+def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(partial_run, tmp_path, demo_assets):
     checkpoint = partial_run.directory / "checkpoints" / f"global_step_{SAVED_AT}"
     resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
-    resumed = run_main(tmp_path, *PARTIAL, *resume, *checkpoint_engine(tmp_path / "weights"), profile=PROFILE)
+    task = mixed_task(tmp_path, demo_assets)
+    resumed = run_main(tmp_path, *PARTIAL, *task, *resume, *checkpoint_engine(tmp_path / "weights"), profile=PROFILE)
     assert resumed.returncode == 0, resumed.output[-5000:]
     assert_tokens_within_the_contract(resumed.metrics, range(SAVED_AT + 1, STEPS + 1), start=SAVED_AT)
     assert all(values["checkpoint_engine/files"] >= 1 for values in resumed.metrics.values())

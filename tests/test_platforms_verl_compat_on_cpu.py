@@ -108,6 +108,80 @@ def test_p2_verl_still_counts_only_gpu_and_npu(monkeypatch):
         manager._check_resource_available()
 
 
+def test_p6_verl_still_releases_the_master_port_it_picks_and_reads_dist_init_method():
+    from verl.single_controller.ray import base
+    from verl.utils import distributed
+
+    picker = inspect.getsource(base.get_master_addr_port._function)  # a ray.remote function
+    assert 'with socket.socket() as s:\n            s.bind(("", 0))' in picker  # closed before the worker binds it
+    assert 'init_method=os.environ.get("DIST_INIT_METHOD", None)' in inspect.getsource(
+        distributed.initialize_global_process_group_ray
+    )
+
+
+RENDEZVOUS_PROBE = textwrap.dedent(
+    """
+    import socket, sys
+    import torch.distributed as dist
+    from verl.utils.distributed import initialize_global_process_group_ray
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()  # MASTER_PORT, taken by another process between verl's pick and the worker's bind
+    import os
+    os.environ["MASTER_PORT"] = str(taken.getsockname()[1])
+    try:
+        initialize_global_process_group_ray(timeout_second=None, backend=sys.argv[1])
+    except Exception as error:
+        print(type(error).__name__, error)
+        raise SystemExit(1)
+    store = os.environ["DIST_INIT_METHOD"].removeprefix("file://")
+    world_size, existed = dist.get_world_size(), os.path.exists(store)
+    dist.destroy_process_group()
+    print(world_size, existed, os.path.exists(store))
+    """
+)
+
+
+def test_p6_a_single_process_worker_starts_though_its_master_port_was_taken():
+    from conftest import CPU_RUN
+
+    from recipe.one_step_off_async import verl_plugin
+
+    worker = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    patched = subprocess.run(
+        [sys.executable, "-c", RENDEZVOUS_PROBE, "gloo"],
+        env={**_clean_env(), **verl_plugin.worker_env(CPU_RUN), **worker},
+        capture_output=True,
+        text=True,
+    )
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+    assert patched.stdout.split("\n")[-2] == "1 True False"  # a file store, not MASTER_PORT; removed with the group
+    unpatched = subprocess.run(
+        [sys.executable, "-c", RENDEZVOUS_PROBE.replace('os.environ["DIST_INIT_METHOD"]', '"file://"'), "gloo"],
+        env={**_clean_env(), **worker},
+        capture_output=True,
+        text=True,
+    )
+    assert unpatched.returncode == 1 and "EADDRINUSE" in unpatched.stdout, unpatched.stdout + unpatched.stderr
+
+
+def test_agent_loop_workers_still_come_from_the_class_attribute_and_loops_from_the_registry():
+    """What trainer/agent_loops.py relies on to run ``tool_agent`` as VersionedToolAgentLoop."""
+    from verl.experimental.agent_loop import agent_loop
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: F401  (registers tool_agent)
+
+    from recipe.one_step_off_async.trainer.agent_loops import TOOL_AGENT, VERL_TOOL_AGENT_TARGET
+
+    assert 'if not hasattr(self, "agent_loop_workers_class")' in inspect.getsource(agent_loop.AgentLoopManager)
+    run = inspect.getsource(agent_loop.AgentLoopWorker._run_agent_loop)
+    assert "agent_loop_config = _agent_loop_registry[agent_name]" in run
+    assert "server_manager=self.llm_client" in run
+    assert "_agent_loop_registry[agent_loop_config.name] = agent_loop_config" in inspect.getsource(
+        agent_loop.AgentLoopWorker.__init__
+    )
+    assert agent_loop._agent_loop_registry[TOOL_AGENT] == {"_target_": VERL_TOOL_AGENT_TARGET}
+
+
 def test_fsdp_engines_are_still_registered_for_cuda_and_npu_only():
     """Why the CPU env (platforms/cpu.env_vars) sets VERL_ENGINE_DEVICE=cuda: verl's override in EngineRegistry.get_engine_cls."""
     from verl.workers.engine.base import EngineRegistry

@@ -32,8 +32,6 @@ COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
 CONSOLE_FORMATS = ("compact", "verl")
 # A replica's devices: the product of these sizes of its rollout config.
 PARALLEL_SIZES = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
-# verl's multi-turn agent loops (rollout.agent.default_agent_loop), refused until they run through the pipeline.
-MULTI_TURN_AGENT_LOOPS = ("tool_agent",)
 # verl's advantage estimators the pipeline refuses, with the reason (the others run: the support matrix
 # in docs/advance/one_step_off_async.md names the test of each).
 _OPTIMAL_BASELINE = (
@@ -360,26 +358,6 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
         "KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
         "estimator such as grpo.",
     )
-    agent_loop = config.actor_rollout_ref.rollout.agent.get("default_agent_loop")
-    multi_turn = [
-        *(
-            ["actor_rollout_ref.rollout.multi_turn.enable=true"]
-            if OmegaConf.select(config, "actor_rollout_ref.rollout.multi_turn.enable")
-            else []
-        ),
-        *(
-            [f"actor_rollout_ref.rollout.agent.default_agent_loop={agent_loop}"]
-            if agent_loop in MULTI_TURN_AGENT_LOOPS
-            else []
-        ),
-    ]
-    problems.require(
-        not multi_turn,
-        f"{', '.join(multi_turn)}: multi-turn (tool-calling) agent loops have not been run through the pipeline yet, "
-        "so the weight version of each turn is not checked against the staleness contract. Use single-turn "
-        "generation (multi_turn.enable=false, default_agent_loop=single_turn_agent; a custom single-turn agent loop "
-        "via rollout.agent.agent_loop_config_path works), or verl's synchronous trainer for multi-turn.",
-    )
     _check_lora(problems, config)
     problems.require(
         not OmegaConf.select(config, "global_profiler.steps"),
@@ -643,17 +621,6 @@ def _check_partial_rollout(problems: _Problems, async_config: AsyncTrainingConfi
     )
 
 
-def _multi_turn_agents(path: str) -> list[str]:
-    """The multi-turn agent loops the rows of a parquet file name in their ``agent_name`` column (verl reads it)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    if "agent_name" not in pq.read_schema(path).names:
-        return []
-    names = pc.unique(pq.read_table(path, columns=["agent_name"])["agent_name"]).to_pylist()
-    return sorted(name for name in names if name in MULTI_TURN_AGENT_LOOPS)
-
-
 def check_data_files(config: DictConfig) -> None:
     """Every local train/val parquet file exists, is readable, and each split has rows.
 
@@ -682,17 +649,10 @@ def check_data_files(config: DictConfig) -> None:
                 continue
             try:
                 rows += pq.read_metadata(path).num_rows
-                agents = _multi_turn_agents(path)
             except Exception as error:
                 problems.append(f"data.{key}: {file} is not a readable parquet file ({error}).")
                 counted = False
                 continue
-            problems.require(
-                not agents,
-                f"data.{key}: {file} has rows with agent_name {', '.join(agents)}, a multi-turn (tool-calling) agent "
-                "loop, which has not been run through the pipeline yet (see actor_rollout_ref.rollout.multi_turn). Use "
-                "data whose rows name a single-turn loop (single_turn_agent, or none).",
-            )
         if counted:
             problems.require(
                 rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."

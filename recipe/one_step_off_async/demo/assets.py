@@ -9,13 +9,15 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
     val.parquet     128 rows, disjoint from train
     graded_{train,val}.parquet   the same problems with partial credit (task.GRADED_DATA_SOURCE)
     long_tail_{train,val}.parquet, long_tail_agent_loop.yaml   the long-tail task (long_tail.py)
+    tool_model/     the model above, fine-tuned to call the demo's tool (tool_task.py)
+    tool_{train,val}.parquet   the tool-use task: the same problems, rows naming verl's tool agent loop
     manifest.json   what was built and the warm start's val accuracy; written last
 
 ``cache_dir`` defaults to ``$ONE_STEP_OFF_ASSETS_DIR``, else ``~/.cache/one_step_off_async``.
 
 Why: the demo and the CPU tests must run offline and reproducibly: everything is generated from
 the seed (same seed, same bytes for the data and the tokenizer; same weights on the same
-software stack). The build (about 15 s on one core, mostly the warm start) runs in a hidden
+software stack). The build (about 45 s on one core, mostly the two warm starts) runs in a hidden
 staging directory that is renamed into place only when complete, under an exclusive lock on
 ``<dir>.lock``: a failed build removes its staging directory (a killed one leaves it behind,
 never read), nothing half-built ever looks complete, and concurrent callers (threads or
@@ -46,7 +48,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from recipe.one_step_off_async.demo import long_tail
+from recipe.one_step_off_async.demo import long_tail, tool_task
 from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
 from recipe.one_step_off_async.demo.model import init_model, init_reward_model, save_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
@@ -63,13 +65,14 @@ from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_s
 logger = logging.getLogger(__name__)
 
 # v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task;
-# v4: no reward model
-ASSETS_VERSION = "v5"
+# v4: no reward model; v5: no tool-use task
+ASSETS_VERSION = "v6"
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
 MODEL_SUBDIR = "model"
 REWARD_MODEL_SUBDIR = "reward_model"
+TOOL_MODEL_SUBDIR = "tool_model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,10 @@ class DemoAssets:
     long_tail_train_file: str  # the long-tail task (long_tail.py), same model and reward
     long_tail_val_file: str
     long_tail_agent_loop_config: str  # actor_rollout_ref.rollout.agent.agent_loop_config_path
+    tool_model_dir: str  # the tool-use task (tool_task.py): the model fine-tuned to call the tool
+    tool_train_file: str
+    tool_val_file: str
+    tool_function_path: str  # actor_rollout_ref.rollout.multi_turn.function_tool_path (tools.py)
 
     def verl_overrides(self) -> list[str]:
         """Hydra overrides of verl's ppo_trainer config that select these assets."""
@@ -165,13 +172,16 @@ def _build(out_dir: Path, seed: int) -> None:
     graded_paths = write_splits(problems, out_dir, GRADED_DATA_SOURCE, prefix="graded_")
     long_tail_paths = long_tail.write_splits(out_dir, seed)
     agent_loop_config = long_tail.write_agent_loop_config(out_dir)
+    tool_paths = tool_task.write_splits(problems, out_dir)
     val_rows = read_rows(paths["val"])
     with reproducible_torch():
         model = init_model(tokenizer, seed)
         warm_start(model, tokenizer, problems["train"], seed)
         greedy = model_accuracy(model, tokenizer, val_rows)
         sampled = model_accuracy(model, tokenizer, val_rows, temperature=1.0, seed=seed)
-    save_model(model, tokenizer, out_dir / MODEL_SUBDIR)
+        save_model(model, tokenizer, out_dir / MODEL_SUBDIR)
+        tool_task.warm_start_tool_use(model, tokenizer, problems["train"], seed)
+    save_model(model, tokenizer, out_dir / TOOL_MODEL_SUBDIR)
     save_model(init_reward_model(tokenizer, seed + 1), tokenizer, out_dir / REWARD_MODEL_SUBDIR)
     manifest = {
         "version": ASSETS_VERSION,
@@ -186,6 +196,9 @@ def _build(out_dir: Path, seed: int) -> None:
             "long_tail_train_file": long_tail_paths["train"].name,
             "long_tail_val_file": long_tail_paths["val"].name,
             "long_tail_agent_loop_config": agent_loop_config.name,
+            "tool_model_dir": TOOL_MODEL_SUBDIR,
+            "tool_train_file": tool_paths["train"].name,
+            "tool_val_file": tool_paths["val"].name,
         },
         "val_greedy_accuracy": greedy,
         "val_sampled_accuracy": sampled,
@@ -230,6 +243,10 @@ def _load(root: Path, seed: int) -> DemoAssets:
         long_tail_train_file=str(files["long_tail_train_file"]),
         long_tail_val_file=str(files["long_tail_val_file"]),
         long_tail_agent_loop_config=str(files["long_tail_agent_loop_config"]),
+        tool_model_dir=str(files["tool_model_dir"]),
+        tool_train_file=str(files["tool_train_file"]),
+        tool_val_file=str(files["tool_val_file"]),
+        tool_function_path=str(Path(tool_task.__file__).with_name("tools.py").resolve()),
     )
 
 

@@ -23,7 +23,7 @@ How: ``with reproducible_torch(): warm_start(model, tokenizer, problems, seed)``
 import contextlib
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -65,6 +65,21 @@ def teacher_answer(problem: Problem, rng: random.Random) -> str:
     return problem.answer
 
 
+def pad_batch(sequences: list[list[int]], targets: list[list[int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (``targets``, ``IGNORE_INDEX`` on padding)."""
+    width = max(map(len, sequences))
+    batch = {
+        "input_ids": torch.full((len(sequences), width), pad_token_id),
+        "attention_mask": torch.zeros((len(sequences), width), dtype=torch.long),
+        "labels": torch.full((len(sequences), width), IGNORE_INDEX),
+    }
+    for row, (sequence, target) in enumerate(zip(sequences, targets, strict=True)):
+        batch["input_ids"][row, : len(sequence)] = torch.tensor(sequence)
+        batch["attention_mask"][row, : len(sequence)] = 1
+        batch["labels"][row, : len(target)] = torch.tensor(target)
+    return batch
+
+
 def collate_demonstrations(
     tokenizer: PreTrainedTokenizerBase, demonstrations: list[tuple[Problem, str]]
 ) -> dict[str, torch.Tensor]:
@@ -75,17 +90,23 @@ def collate_demonstrations(
         answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         sequences.append(prompt_ids + answer_ids)
         targets.append([IGNORE_INDEX] * len(prompt_ids) + answer_ids)
-    width = max(map(len, sequences))
-    batch = {
-        "input_ids": torch.full((len(sequences), width), tokenizer.pad_token_id),
-        "attention_mask": torch.zeros((len(sequences), width), dtype=torch.long),
-        "labels": torch.full((len(sequences), width), IGNORE_INDEX),
-    }
-    for row, (sequence, target) in enumerate(zip(sequences, targets, strict=True)):
-        batch["input_ids"][row, : len(sequence)] = torch.tensor(sequence)
-        batch["attention_mask"][row, : len(sequence)] = 1
-        batch["labels"][row, : len(target)] = torch.tensor(target)
-    return batch
+    return pad_batch(sequences, targets, tokenizer.pad_token_id)
+
+
+def supervised_fit(
+    model: PreTrainedModel, next_batch: Callable[[], dict[str, torch.Tensor]], steps: int, learning_rate: float
+) -> None:
+    """``steps`` AdamW steps of ``model``'s next-token loss on the batches ``next_batch`` returns, in place."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    model.train()
+    for step in range(1, steps + 1):
+        loss = model(**next_batch()).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 50 == 0 or step == steps:
+            logger.info("supervised step %d/%d: loss %.3f", step, steps, loss.item())
+    model.eval()
 
 
 def warm_start(
@@ -97,14 +118,9 @@ def warm_start(
 ) -> None:
     """Train ``model`` in place on the teacher's answers to ``problems`` (sampled with replacement)."""
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-    model.train()
-    for step in range(1, steps + 1):
+
+    def next_batch() -> dict[str, torch.Tensor]:
         demonstrations = [(problem, teacher_answer(problem, rng)) for problem in rng.choices(problems, k=BATCH_SIZE)]
-        loss = model(**collate_demonstrations(tokenizer, demonstrations)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 50 == 0 or step == steps:
-            logger.info("warm start step %d/%d: loss %.3f", step, steps, loss.item())
-    model.eval()
+        return collate_demonstrations(tokenizer, demonstrations)
+
+    supervised_fit(model, next_batch, steps, LEARNING_RATE)

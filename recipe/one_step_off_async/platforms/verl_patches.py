@@ -9,6 +9,11 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
 - ``verl/utils/distributed.py`` ``initialize_global_process_group_ray``: with no backend given
   it builds ``"cpu:gloo,{device}:{backend}"``, which is ``"cpu:gloo,cpu:gloo"`` on CPU and
   makes torch raise ``ValueError: Duplicate device type cpu``. Default the backend to ``"gloo"``.
+- ``verl/single_controller/ray/base.py`` ``get_master_addr_port``: picks ``MASTER_PORT`` by binding port 0
+  and closing the socket; the worker binds it seconds later (actor start, ``init_process_group``), and in
+  between another process may take it: ``EADDRINUSE``, the worker group fails to start. On CPU most
+  worker groups are one process, which needs no rendezvous port: when ``WORLD_SIZE=1``, set verl's own
+  ``DIST_INIT_METHOD`` to a file store (the file is removed when the group is destroyed).
 - ``verl/single_controller/ray/base.py`` ``ResourcePoolManager._check_resource_available``:
   counts only the ``GPU``/``NPU`` Ray resources, so every pool looks unsatisfiable on CPU.
   Count the platform's own Ray resource instead.
@@ -29,7 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
@@ -43,6 +51,13 @@ def patch_distributed_backend_default() -> None:
     import verl.utils.distributed as distributed
 
     distributed.initialize_global_process_group_ray.__defaults__ = (None, "gloo")
+
+
+def patch_single_process_rendezvous() -> None:
+    """``verl/single_controller/ray/base.py``: ``get_master_addr_port``, a port released before it is bound."""
+    if os.environ.get("WORLD_SIZE") == "1" and "DIST_INIT_METHOD" not in os.environ:
+        store = Path(tempfile.gettempdir()) / f"verl-rendezvous-{uuid.uuid4().hex}"
+        os.environ["DIST_INIT_METHOD"] = store.as_uri()
 
 
 def _check_resource_available(self) -> None:
@@ -130,6 +145,7 @@ def patch_merged_lora_dtype() -> None:
 
 def apply_all() -> None:
     patch_distributed_backend_default()
+    patch_single_process_rendezvous()
     patch_resource_pool_check()
     patch_value_model_attention()
     patch_reference_offload_pinning()

@@ -192,14 +192,15 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         )
 
     def _init_async_rollout_manager(self) -> None:
-        from verl.experimental.agent_loop import AgentLoopManager
         from verl.workers.rollout.llm_server import LLMServerManager
+
+        from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
 
         # Standalone replicas on their own pool: LLMServerManager gets no worker group.
         self.llm_server_manager = LLMServerManager.create(config=self.config)
         self.async_rollout_mode = True
         client_cls, client_options = rollout_client(self.async_config, self.pool_controller)
-        self.async_rollout_manager = AgentLoopManager.create(
+        self.async_rollout_manager = OneStepOffAgentLoopManager.create(
             config=self.config,
             llm_client=self.llm_server_manager.get_client(client_cls, **client_options),
             reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
