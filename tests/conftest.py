@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.demo.assets import register_resolver
+from recipe.one_step_off_async.demo.assets import MANIFEST, asset_dir, register_resolver
 
 # What a CPU launch gives this process and every Ray worker (platform, the recipe's plugin), set up before
 # any test touches verl: the platform is resolved once per process and cached.
@@ -17,11 +22,48 @@ CPU_ENV = verl_plugin.activate(CPU_RUN)
 register_resolver()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+ASSET_BUILD = pytest.StashKey[subprocess.Popen]()
+
+
+def needs_demo_assets(item: pytest.Item) -> bool:
+    """The test reads the built-in task's assets: through the fixture, or by launching a profile that trains it."""
+    return "demo_assets" in item.fixturenames or item.get_closest_marker("e2e") is not None
+
+
 def pytest_collection_modifyitems(items):
-    """e2e, convergence and network tests are slow too: ``-m "not slow"`` is the fast loop."""
+    """e2e, convergence and network tests are slow too: ``-m "not slow"`` is the fast loop.
+
+    The modules that read the demo assets run last, each in its own order, so that the asset build (about a
+    minute on one core, ``pytest_collection_finish``) overlaps the other modules' tests.
+    """
     for item in items:
         if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network")):
             item.add_marker(pytest.mark.slow)
+    asset_modules = {item.module for item in items if needs_demo_assets(item)}
+    items.sort(key=lambda item: item.module in asset_modules)  # stable: the order within each group is kept
+
+
+def pytest_collection_finish(session):
+    """Start building the demo assets in a process of its own if a selected test needs them and none are cached.
+
+    The ``demo_assets`` fixture then waits for this build on the cache's lock (``ensure_assets``), or builds
+    them itself if this one failed, raising the build's error in the test that needs it.
+    """
+    if session.config.option.collectonly or (asset_dir(None, 0) / MANIFEST).is_file():
+        return
+    if any(needs_demo_assets(item) for item in session.items):
+        build = [sys.executable, "-m", "recipe.one_step_off_async.demo.assets"]
+        session.config.stash[ASSET_BUILD] = subprocess.Popen(
+            build, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+
+def pytest_sessionfinish(session):
+    build = session.config.stash.get(ASSET_BUILD, None)
+    if build is not None and build.poll() is None:  # a session stopped before any test waited for it
+        build.send_signal(signal.SIGINT)  # KeyboardInterrupt: the build removes its staging directory
+        build.wait()
 
 
 @pytest.fixture(scope="session")

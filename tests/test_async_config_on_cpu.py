@@ -209,6 +209,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         ),
     ],
 )
+@pytest.mark.usefixtures("demo_assets")  # the reward model's cases compose its path
 def test_bad_config_names_the_key_and_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(compose_config("one_step_off_ppo_cpu", *overrides))
@@ -312,6 +313,7 @@ def test_lora_with_merged_syncs_passes():
     )
 
 
+@pytest.mark.usefixtures("demo_assets")
 def test_a_reward_model_on_a_pool_of_its_own_passes():
     validate_config(
         compose_config(

@@ -1,6 +1,6 @@
 """Tests of the built-in demo assets (recipe/one_step_off_async/demo): tokenizer, data, reward,
-warm-started model, and the build-once cache. One real build (about 15-20 s on one core) is shared
-by the module; everything else is cheap.
+warm-started model, and the build-once cache. The checks of the build read the session's build (the
+``demo_assets`` fixture: built once into the cache, about a minute on one core); everything else is cheap.
 
     pytest tests/test_demo_assets_on_cpu.py
 """
@@ -13,6 +13,7 @@ import string
 import sys
 import threading
 import time
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -57,10 +58,9 @@ USER_TURN = [{"role": "user", "content": "sort dbeca"}]
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """One real build: (cache_dir, DemoAssets)."""
-    cache_dir = tmp_path_factory.mktemp("demo-cache")
-    return cache_dir, ensure_assets(cache_dir, seed=0)
+def built(demo_assets):
+    """The session's build (``conftest.demo_assets``, seed 0, under the default cache dir): (cache_dir, DemoAssets)."""
+    return Path(demo_assets.root).parent, demo_assets
 
 
 @pytest.fixture(scope="module")

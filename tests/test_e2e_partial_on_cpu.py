@@ -52,6 +52,26 @@ LONG_BUDGET = 200
 TOOL_ROW_INDEX = 1_000_000  # the tool-use rows' extra_info.index, after the long-tail rows'
 
 
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)  # verl's hermes parser's pattern
+
+
+def sort_letters_argument(call: str) -> str | None:
+    """The ``letters`` of a call verl's hermes parser accepts and runs as the demo's tool, else None.
+
+    verl runs a call whose JSON has ``name`` and ``arguments`` (``HermesToolParser.extract_tool_calls``); a
+    policy's call may lack either, name another tool or pass other arguments.
+    """
+    try:
+        parsed = json.loads(call)
+        name, arguments = parsed["name"], parsed["arguments"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if name != tool_task.TOOL_NAME or not isinstance(arguments, dict):
+        return None
+    letters = arguments.get("letters")
+    return letters if isinstance(letters, str) else None
+
+
 def mixed_task(directory, demo_assets) -> tuple[str, ...]:
     """Overrides for the mixed long-tail and tool-use data, the tool and the tool-use model."""
     # Long-tail rows of at least LONG_BUDGET tokens: every batch's long samples outlast a training step, so
@@ -137,9 +157,10 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
     assert fields[SERVED_BY] == last
     # Every model token of both turns carries its version; the trainer checked them against the contract.
     assert sum(n_tokens for _, n_tokens in fields[VERSION_RUNS]) == sum(conversation["response_mask"])
-    call = re.search(r"<tool_call>(.*?)</tool_call>", conversation["response"])
+    call = TOOL_CALL.search(conversation["response"])
     assert call, conversation["response"]
-    letters = json.loads(call.group(1))["arguments"]["letters"]
+    letters = sort_letters_argument(call.group(1))
+    assert letters is not None, call.group(1)
     tool_turn = f"<|im_start|>tool\n{''.join(sorted(letters))}<|im_end|>\n<|im_start|>assistant\n"
     assert tool_turn in conversation["response"], conversation["response"]
     answer = conversation["response"].split(tool_turn, 1)[1]
@@ -148,14 +169,10 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
     calls = 0
     for step in range(1, STEPS + 1):
         for response in partial_run.responses(step):
-            for call in re.finditer(r"<tool_call>(.*?)</tool_call>", response):
-                try:
-                    parsed = json.loads(call.group(1))
-                    letters = parsed["arguments"]["letters"]
-                except (ValueError, KeyError, TypeError):
-                    continue  # the policy's malformed call: no tool ran
-                if parsed["name"] != tool_task.TOOL_NAME:
-                    continue  # a misspelt tool: verl answers with the tools it has
+            for call in TOOL_CALL.finditer(response):
+                letters = sort_letters_argument(call.group(1))
+                if letters is None:
+                    continue  # the policy's malformed or misspelt call: the tool did not run
                 calls += 1
                 # The tool's turn follows the rest of the assistant's (special tokens are not in the dump).
                 assert f"\ntool\n{''.join(sorted(letters))}\nassistant\n" in response[call.end() :], response

@@ -83,6 +83,7 @@ def test_old_module_paths_are_rewritten_with_a_notice_naming_the_new_setting():
     assert upgrade_module_paths(config) == []  # the new layout's config needs nothing
 
 
+@pytest.mark.usefixtures("demo_assets")
 def test_a_launch_with_the_old_layouts_keys_runs_with_a_future_warning():
     config = compose_cpu(
         "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",

@@ -326,6 +326,20 @@ def test_verl_still_scores_a_reward_model_only_on_its_own_engines_without_extra_
     assert "self.reward_loop_workers_class.options(" in inspect.getsource(RewardLoopManager._init_reward_loop_workers)
 
 
+def test_separation_trainer_starts_the_actor_workers_before_the_rollout_it_leaves_to_subclasses():
+    """Why OneStepOffRayTrainer begins the replicas' start in _init_worker_groups and takes them in
+    _init_async_rollout_manager: in between, verl starts the actor's workers and loads its model."""
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    init_workers = inspect.getsource(SeparateRayPPOTrainer.init_workers)
+    steps = ["self._init_worker_groups()", "self._init_models()", "self._init_async_rollout_manager()"]
+    assert [init_workers.index(step) for step in steps] == sorted(init_workers.index(step) for step in steps)
+    assert "LLMServerManager" not in inspect.getsource(SeparateRayPPOTrainer)  # the rollout is the subclass's
+    # Called from the start-up thread, which has no event loop: verl's auto_await runs it with asyncio.run.
+    assert "asyncio.run(coro)" in inspect.getsource(inspect.getmodule(LLMServerManager.create).auto_await)
+
+
 def test_separation_trainer_still_builds_a_legacy_reward_model_worker_group():
     """Why OneStepOffRayTrainer skips it and starts the reward model's replicas in _init_reward_loop."""
     from verl.experimental.reward_loop.reward_model import RewardModelManager

@@ -65,6 +65,7 @@ def test_every_test_the_matrix_names_exists():
 
 
 @pytest.mark.parametrize(("feature", "overrides"), REFUSED, ids=[" ".join(overrides) for _, overrides in REFUSED])
+@pytest.mark.usefixtures("demo_assets")  # the reward model's row composes its path
 def test_every_refused_override_is_refused_before_ray_naming_the_key(feature, overrides):
     with pytest.raises(LaunchProblems) as caught:
         main_until_ray(*overrides)

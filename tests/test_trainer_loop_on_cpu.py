@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 
 import pytest
@@ -300,3 +302,55 @@ def test_partial_rollout_bounds_follow_sync_interval_validation_and_checkpoint_s
         # The stub samples a batch's first token with the version of its launch: exactly the oldest bound.
         assert metrics["async/staleness_max"] == step - 1 - oldest, f"step {step}"
         assert metrics["async/staleness_min"] >= step - 1 - newest, f"step {step}"
+
+
+# --- start-up ----------------------------------------------------------------------------------------
+
+
+def start_up(monkeypatch, one_gpu: bool, create_replicas, start_actor_workers):
+    """A trainer whose ``_init_worker_groups`` runs with verl's worker-group start and replica start stubbed."""
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    log = EventLog()
+    rollout = StubRollout(log)
+    trainer = build_trainer(compose_config(), log, rollout, StubWeightSync(log, rollout))
+    trainer.async_config = dataclasses.replace(trainer.async_config, one_gpu=one_gpu)
+    monkeypatch.setattr(LLMServerManager, "create", lambda config: create_replicas())
+    monkeypatch.setattr(SeparateRayPPOTrainer, "_init_worker_groups", lambda self: start_actor_workers())
+    trainer._init_worker_groups()
+    return trainer
+
+
+def test_rollout_replicas_start_while_the_actor_workers_start(monkeypatch):
+    replicas_starting, actor_started = threading.Event(), threading.Event()
+    servers = object()
+
+    def create_replicas():
+        replicas_starting.set()
+        assert actor_started.wait(timeout=FAIL_WITHIN_S)
+        return servers
+
+    def start_actor_workers():
+        assert replicas_starting.wait(timeout=FAIL_WITHIN_S), "the replicas wait for the actor's workers"
+        actor_started.set()
+
+    trainer = start_up(monkeypatch, False, create_replicas, start_actor_workers)
+    assert trainer._started_rollout_servers() is servers
+
+
+def test_a_replica_that_fails_to_start_fails_the_start_up_with_its_error(monkeypatch):
+    def create_replicas():
+        raise RuntimeError("vLLM: not enough memory for the KV cache")
+
+    trainer = start_up(monkeypatch, False, create_replicas, lambda: None)
+    with pytest.raises(RuntimeError, match="not enough memory for the KV cache"):
+        trainer._started_rollout_servers()
+
+
+def test_on_one_gpu_the_replicas_start_after_the_actor_as_in_verl(monkeypatch):
+    events = []
+    trainer = start_up(monkeypatch, True, lambda: events.append("replicas"), lambda: events.append("actor"))
+    assert events == ["actor"]
+    trainer._started_rollout_servers()
+    assert events == ["actor", "replicas"]

@@ -493,6 +493,7 @@ def ray_shipping_this_module(cpu_ray):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("demo_assets")
 def test_fsdp2_actor_syncs_exactly_and_bit_identically_through_both_engines(ray_shipping_this_module, tmp_path):
     """The same actor, after each of 3 updates, synced by verl's manager through each engine in turn:
     ``gloo`` through the engine verl's actor worker built from its config, ``checkpoint`` through one

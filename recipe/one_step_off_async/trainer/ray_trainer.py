@@ -28,6 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import ray
@@ -74,6 +75,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs)
         self.rollout_pool = FixedRolloutPool()
         self.pool_controller = None
+        self._rollout_start: Future | None = None  # the replicas' start-up, begun with the actor's
         if self.async_config.elastic.enable:
             from recipe.one_step_off_async.elastic.controller import start_controller
 
@@ -191,13 +193,35 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             concurrent_batches=self.async_config.partial_rollout,
         )
 
-    def _init_async_rollout_manager(self) -> None:
+    def _init_worker_groups(self) -> None:
+        """Start the rollout replicas while the training workers start and load the model.
+
+        verl starts the rollout after the actor so that vLLM sees the memory the actor left on a GPU they share;
+        here the pools are disjoint (but for ``one_gpu``), so the replicas' start-up (vLLM: loading the weights,
+        capturing CUDA graphs) overlaps the actor's instead of following it. ``_init_async_rollout_manager``
+        takes the started replicas, or raises the error that stopped them.
+        """
+        if not self.async_config.one_gpu:
+            from verl.workers.rollout.llm_server import LLMServerManager
+
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-start")
+            # Standalone replicas on their own pool: LLMServerManager gets no worker group.
+            self._rollout_start = executor.submit(LLMServerManager.create, config=self.config)
+            executor.shutdown(wait=False)  # its thread ends with the start; the future keeps the outcome
+        super()._init_worker_groups()
+
+    def _started_rollout_servers(self):
+        """The replicas begun with the actor (their start-up's error if it failed), else started now."""
+        if self._rollout_start is not None:
+            return self._rollout_start.result()
         from verl.workers.rollout.llm_server import LLMServerManager
 
+        return LLMServerManager.create(config=self.config)
+
+    def _init_async_rollout_manager(self) -> None:
         from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
 
-        # Standalone replicas on their own pool: LLMServerManager gets no worker group.
-        self.llm_server_manager = LLMServerManager.create(config=self.config)
+        self.llm_server_manager = self._started_rollout_servers()
         self.async_rollout_mode = True
         client_cls, client_options = rollout_client(self.async_config, self.pool_controller)
         self.async_rollout_manager = OneStepOffAgentLoopManager.create(
