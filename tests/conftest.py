@@ -40,8 +40,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network")):
             item.add_marker(pytest.mark.slow)
-    asset_modules = {item.module for item in items if needs_demo_assets(item)}
-    items.sort(key=lambda item: item.module in asset_modules)  # stable: the order within each group is kept
+    asset_modules = {item.path for item in items if needs_demo_assets(item)}
+    items.sort(key=lambda item: item.path in asset_modules)  # stable: the order within each group is kept
 
 
 def pytest_collection_finish(session):
@@ -63,7 +63,11 @@ def pytest_sessionfinish(session):
     build = session.config.stash.get(ASSET_BUILD, None)
     if build is not None and build.poll() is None:  # a session stopped before any test waited for it
         build.send_signal(signal.SIGINT)  # KeyboardInterrupt: the build removes its staging directory
-        build.wait()
+        try:
+            build.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            build.kill()
+            build.wait()
 
 
 @pytest.fixture(scope="session")

@@ -53,23 +53,41 @@ TOOL_ROW_INDEX = 1_000_000  # the tool-use rows' extra_info.index, after the lon
 
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)  # verl's hermes parser's pattern
+NEXT_ASSISTANT_TURN = "\nassistant\n"  # in a dumped response (special tokens dropped)
+
+
+def parsed_call(call: str) -> tuple[object, object] | None:
+    """(name, arguments) of a call verl's hermes parser accepts (``HermesToolParser.extract_tool_calls``), else None."""
+    try:
+        parsed = json.loads(call)
+        return parsed["name"], parsed["arguments"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def sort_letters_argument(call: str) -> str | None:
-    """The ``letters`` of a call verl's hermes parser accepts and runs as the demo's tool, else None.
+    """The ``letters`` of a call the demo's tool runs on, else None (a malformed or misspelt call, other arguments)."""
+    parsed = parsed_call(call)
+    if parsed is None or parsed[0] != tool_task.TOOL_NAME or not isinstance(parsed[1], dict):
+        return None
+    letters = parsed[1].get("letters")
+    return letters if set(parsed[1]) == {"letters"} and isinstance(letters, str) else None
 
-    verl runs a call whose JSON has ``name`` and ``arguments`` (``HermesToolParser.extract_tool_calls``); a
-    policy's call may lack either, name another tool or pass other arguments.
+
+def tool_turns(response: str) -> list[tuple[str, str]]:
+    """(call, rest of the turn) of each assistant turn of a dumped response whose tool call verl ran.
+
+    verl runs the first call of a turn that its parser accepts (``multi_turn.max_parallel_calls`` is 1), and
+    only when the conversation goes on: a turn another assistant turn follows (the last turn's call, if any,
+    met the response length or the turn limit).
     """
-    try:
-        parsed = json.loads(call)
-        name, arguments = parsed["name"], parsed["arguments"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if name != tool_task.TOOL_NAME or not isinstance(arguments, dict):
-        return None
-    letters = arguments.get("letters")
-    return letters if isinstance(letters, str) else None
+    *continued, _last = response.split(NEXT_ASSISTANT_TURN)
+    turns = []
+    for turn in continued:
+        accepted = [call for call in TOOL_CALL.finditer(turn) if parsed_call(call.group(1)) is not None]
+        if accepted:
+            turns.append((accepted[0].group(1), turn[accepted[0].end() :]))
+    return turns
 
 
 def mixed_task(directory, demo_assets) -> tuple[str, ...]:
@@ -169,14 +187,16 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
     calls = 0
     for step in range(1, STEPS + 1):
         for response in partial_run.responses(step):
-            for call in TOOL_CALL.finditer(response):
-                letters = sort_letters_argument(call.group(1))
+            for call, rest_of_turn in tool_turns(response):
+                letters = sort_letters_argument(call)
                 if letters is None:
-                    continue  # the policy's malformed or misspelt call: the tool did not run
+                    continue  # a misspelt tool or other arguments: verl answered with the tool's error
                 calls += 1
-                # The tool's turn follows the rest of the assistant's (special tokens are not in the dump).
-                assert f"\ntool\n{''.join(sorted(letters))}\nassistant\n" in response[call.end() :], response
-    assert calls >= STEPS * 4, calls
+                # The tool's turn ends the assistant's (special tokens are not in the dump).
+                assert rest_of_turn.endswith(f"\ntool\n{''.join(sorted(letters))}"), response
+    # 2 tool-use prompts x 4 samples per step; the model calls the tool exactly right in about half of them
+    # (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of this test).
+    assert calls >= STEPS * 2 * 4 // 3, calls
 
 
 def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(partial_run, tmp_path, demo_assets):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
+from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+from verl.workers.rollout.llm_server import LLMServerManager
 
 from recipe.one_step_off_async.errors import (
     OffPolicyCorrectionError,
@@ -15,6 +18,7 @@ from recipe.one_step_off_async.errors import (
     RewardError,
     WeightVersionError,
 )
+from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
 
 TOTAL_STEPS = 6
 FAIL_WITHIN_S = 10  # a failure surfaces at once, or right after its timeout (0.3 s here)
@@ -309,9 +313,6 @@ def test_partial_rollout_bounds_follow_sync_interval_validation_and_checkpoint_s
 
 def start_up(monkeypatch, one_gpu: bool, create_replicas, start_actor_workers):
     """A trainer whose ``_init_worker_groups`` runs with verl's worker-group start and replica start stubbed."""
-    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
-    from verl.workers.rollout.llm_server import LLMServerManager
-
     log = EventLog()
     rollout = StubRollout(log)
     trainer = build_trainer(compose_config(), log, rollout, StubWeightSync(log, rollout))
@@ -324,7 +325,7 @@ def start_up(monkeypatch, one_gpu: bool, create_replicas, start_actor_workers):
 
 def test_rollout_replicas_start_while_the_actor_workers_start(monkeypatch):
     replicas_starting, actor_started = threading.Event(), threading.Event()
-    servers = object()
+    servers = SimpleNamespace()
 
     def create_replicas():
         replicas_starting.set()
@@ -336,7 +337,13 @@ def test_rollout_replicas_start_while_the_actor_workers_start(monkeypatch):
         actor_started.set()
 
     trainer = start_up(monkeypatch, False, create_replicas, start_actor_workers)
-    assert trainer._started_rollout_servers() is servers
+    # The rollout manager is built on the replicas started with the actor: none is started again.
+    monkeypatch.setattr(OneStepOffAgentLoopManager, "create", lambda **kwargs: kwargs["llm_client"])
+    monkeypatch.setattr(LLMServerManager, "create", lambda config: pytest.fail("replicas started twice"))
+    servers.get_client = lambda *args, **kwargs: "client"
+    trainer.reward_loop_manager = SimpleNamespace(reward_loop_workers=[])
+    trainer._init_async_rollout_manager()
+    assert trainer.llm_server_manager is servers and trainer.async_rollout_manager == "client"
 
 
 def test_a_replica_that_fails_to_start_fails_the_start_up_with_its_error(monkeypatch):

@@ -62,6 +62,12 @@ from recipe.one_step_off_async.trainer.rollout_pool import FixedRolloutPool
 _log = logging.getLogger(__name__)
 
 
+def _report_failed_rollout_start(start: Future) -> None:
+    """Log a failed replica start-up at once: the trainer raises it only once the actor has started."""
+    if start.exception() is not None:
+        _log.error("The rollout replicas failed to start", exc_info=start.exception())
+
+
 class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     """PPO/GRPO on disjoint actor and rollout pools with ``async_training.staleness`` batches in flight.
 
@@ -207,6 +213,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-start")
             # Standalone replicas on their own pool: LLMServerManager gets no worker group.
             self._rollout_start = executor.submit(LLMServerManager.create, config=self.config)
+            self._rollout_start.add_done_callback(_report_failed_rollout_start)
             executor.shutdown(wait=False)  # its thread ends with the start; the future keeps the outcome
         super()._init_worker_groups()
 
