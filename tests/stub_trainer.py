@@ -26,6 +26,7 @@ from verl.utils.dataset.rl_dataset import collate_fn
 from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
 
 PROMPT_LEN, RESPONSE_LEN = 4, 3
+LAUNCH_VERSION = "stub_launch_version"  # the rollout's weight version when the trainer launched the batch
 
 
 @dataclass
@@ -94,7 +95,9 @@ class StubRollout:
         with self._lock:
             self.running += 1
         self.log.add("gen_start", step, self.version)
-        first_version = self.version
+        # A replica starts a request when it arrives: the first token carries the version current at launch,
+        # whenever this thread gets to run.
+        first_version = gen_batch.meta_info.get(LAUNCH_VERSION, self.version)
         try:
             time.sleep(self.seconds)
             if step == self.fail_at_step:
@@ -182,7 +185,9 @@ class StubbedTrainer(OneStepOffRayTrainer):
 
     def _prepare_generation(self, batch_dict, step):
         self.log.add("launch", step)
-        return super()._prepare_generation(batch_dict, step)
+        batch, gen_batch = super()._prepare_generation(batch_dict, step)
+        gen_batch.meta_info[LAUNCH_VERSION] = self.async_rollout_manager.version
+        return batch, gen_batch
 
     def _compute_old_log_prob(self, batch: DataProto):
         shape = batch.batch["responses"].shape

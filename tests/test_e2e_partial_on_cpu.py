@@ -195,8 +195,9 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
                 # The tool's turn ends the assistant's (special tokens are not in the dump).
                 assert rest_of_turn.endswith(f"\ntool\n{''.join(sorted(letters))}"), response
     # 2 tool-use prompts x 4 samples per step; the model calls the tool exactly right in about half of them
-    # (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of this test).
-    assert calls >= STEPS * 2 * 4 // 3, calls
+    # (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of this test). A quarter
+    # is about 3 sd below that count's mean; a run whose tools never ran counts none.
+    assert calls >= STEPS * 2 * 4 // 4, calls
 
 
 def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(partial_run, tmp_path, demo_assets):
