@@ -83,7 +83,6 @@ class StubRollout:
         self.version = -1
         self.running = 0  # generations running now (several at once in partial-rollout mode)
         self._lock = threading.Lock()
-        self.running = False
 
     def generate_sequences(self, gen_batch: DataProto) -> DataProto:
         step = gen_batch.meta_info["global_steps"]
@@ -95,8 +94,9 @@ class StubRollout:
         with self._lock:
             self.running += 1
         self.log.add("gen_start", step, self.version)
-        # A replica starts a request when it arrives: the first token carries the version current at launch,
-        # whenever this thread gets to run.
+        # The first token is sampled under the version current at the batch's launch (the contract's oldest
+        # bound), however late this thread runs, so that the bounds tests are exact. A real replica may start
+        # a request after a later sync, under a newer version, which the contract allows.
         first_version = gen_batch.meta_info.get(LAUNCH_VERSION, self.version)
         try:
             time.sleep(self.seconds)
@@ -104,12 +104,13 @@ class StubRollout:
                 raise ValueError(f"stub generation failed for step {step}")
             output = self._output(len(gen_batch), nan_reward=step == self.nan_at_step)
             if self.partial:  # the first response token sampled at the start, the others at the end
-                runs = [[first_version, 1], [self.version, RESPONSE_LEN - 1]]
-                if first_version == self.version:
+                last_version = self.version  # one reading: a sync may land while this runs
+                runs = [[first_version, 1], [last_version, RESPONSE_LEN - 1]]
+                if first_version == last_version:
                     runs = [[first_version, RESPONSE_LEN]]
                 output.non_tensor_batch["weight_version_runs"] = np.array([runs] * len(gen_batch), dtype=object)
                 output.non_tensor_batch["min_global_steps"][:] = first_version
-                output.non_tensor_batch["max_global_steps"][:] = self.version
+                output.non_tensor_batch["max_global_steps"][:] = last_version
                 output.non_tensor_batch["recomputed_prefill_tokens"] = np.full(len(gen_batch), 0, dtype=object)
             return output
         finally:

@@ -196,7 +196,7 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
                 assert rest_of_turn.endswith(f"\ntool\n{''.join(sorted(letters))}"), response
     # 2 tool-use prompts x 4 samples per step; the model calls the tool exactly right in about half of them
     # (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of this test). A quarter
-    # is about 3 sd below that count's mean; a run whose tools never ran counts none.
+    # lies well below the counts measured; a run whose tools never ran counts none.
     assert calls >= STEPS * 2 * 4 // 4, calls
 
 
