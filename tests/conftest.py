@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.demo.assets import MANIFEST, asset_dir, register_resolver
+from recipe.one_step_off_async.demo.assets import is_built, register_resolver
 
 # What a CPU launch gives this process and every Ray worker (platform, the recipe's plugin), set up before
 # any test touches verl: the platform is resolved once per process and cached.
@@ -50,7 +50,7 @@ def pytest_collection_finish(session):
     The ``demo_assets`` fixture then waits for this build on the cache's lock (``ensure_assets``), or builds
     them itself if this one failed, raising the build's error in the test that needs it.
     """
-    if session.config.option.collectonly or (asset_dir(None, 0) / MANIFEST).is_file():
+    if session.config.option.collectonly or is_built():
         return
     if any(needs_demo_assets(item) for item in session.items):
         build = [sys.executable, "-m", "recipe.one_step_off_async.demo.assets"]

@@ -136,12 +136,17 @@ def asset_dir(cache_dir: str | os.PathLike | None, seed: int) -> Path:
     return Path(base).expanduser().resolve() / f"assets-{ASSETS_VERSION}-seed{seed}"
 
 
+def is_built(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> bool:
+    """Whether the cache holds a build for ``seed``: builds appear there only by an atomic rename when complete."""
+    return asset_dir(cache_dir, seed).exists()
+
+
 def ensure_assets(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> DemoAssets:
     """Return the assets for ``seed``, building them first if they are not in the cache yet."""
     root = asset_dir(cache_dir, seed)
     root.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(root.with_name(root.name + ".lock")):
-        if not root.exists():
+        if not is_built(cache_dir, seed):
             _build_atomically(root, seed)
         return _load(root, seed)
 
