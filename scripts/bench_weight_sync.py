@@ -23,6 +23,13 @@ over all sizes prints the two numbers; the smallest size also gets its split by 
   ``rebuild_group``; it defaults to ``on``, verl's default. ``both`` switches the engine's
   ``rebuild_group`` between syncs on the same actors; that switching has not run on a GPU yet (a
   rebuilt NCCL group cost ~3 s a sync on one H100, measured with one set of actors per mode).
+- ``--shape qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-3b``: real model shapes instead of the size grid (the
+  public Qwen2.5 configs, ``QWEN2_5_SHAPES``; ``--max-params`` does not apply). Qwen2.5 ties
+  ``lm_head`` to the embedding, but ``module.state_dict()``, which verl's FSDP actor sends, holds both,
+  so the bytes include ``lm_head.weight``. ``--dtype float32`` sends what the FSDP2 actor holds; a
+  line per shape gives the median sync time and the GB/s it implies (bytes / sync time).
+- ``--json PATH`` also writes every size's syncs, medians and GB/s and the fit, for scripts
+  (``scripts/gpu_verify.sh``).
 
 Why: a sync of the 0.4M-parameter demo model takes ~0.05 s on CPU and 0.36-0.55 s on an H100, all
 of it fixed cost; this separates the fixed part from the per-byte part and shows the phases.
@@ -32,12 +39,15 @@ How (from the repository root):
     python scripts/bench_weight_sync.py --receivers 1 --reps 3 --max-params 20e6
     python scripts/bench_weight_sync.py --backend nccl --receivers 1          # on a GPU machine
     python scripts/bench_weight_sync.py --backend nccl --receivers 1 --bucket-mb 64
+    python scripts/bench_weight_sync.py --backend nccl --receivers 1 --dtype float32 --reps 2 \
+        --shape qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-3b --json sync.json    # 13.6 GB a copy at 3B: ~40 GB of GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -61,6 +71,22 @@ CONFIGS = (
     (512, 1408, 8, 16384, 8, 4),
     (768, 2048, 12, 32000, 12, 4),
 )
+
+# The public Qwen2.5 configs (config.json of each), in the order of CONFIGS' fields.
+QWEN2_5_SHAPES = {
+    "qwen2.5-0.5b": (896, 4864, 24, 151936, 14, 2),
+    "qwen2.5-1.5b": (1536, 8960, 28, 151936, 12, 2),
+    "qwen2.5-3b": (2048, 11008, 36, 151936, 16, 2),
+}
+
+
+def shape_names(text: str) -> list[str]:
+    """``--shape``: comma-separated names from ``QWEN2_5_SHAPES``."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in QWEN2_5_SHAPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown shape(s) {unknown}: choose from {', '.join(QWEN2_5_SHAPES)}")
+    return names
 
 
 def qwen2_shapes(hidden: int, intermediate: int, layers: int, vocab: int, heads: int, kv_heads: int) -> dict:
@@ -106,6 +132,7 @@ class RankWorker:
     def load(self, shapes: dict, dtype: str, sender: bool) -> int:
         """The sender's random weights, or a receiver's model (zeros: every page touched)."""
         make = torch.randn if sender else torch.zeros
+        self.tensors = {}  # the last size's freed first: at 3B in fp32 each copy is 13.6 GB
         self.tensors = {
             name: make(shape, dtype=getattr(torch, dtype), device=self.device) for name, shape in shapes.items()
         }
@@ -344,7 +371,14 @@ def main() -> None:
     )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--reps", type=int, default=5, help="timed syncs per size, after one warm-up sync")
-    parser.add_argument("--max-params", type=float, default=200e6, help="skip configs larger than this")
+    parser.add_argument("--max-params", type=float, default=200e6, help="skip grid configs larger than this")
+    parser.add_argument(
+        "--shape",
+        type=shape_names,
+        default=None,
+        help=f"real model shapes instead of the size grid, comma-separated: {','.join(QWEN2_5_SHAPES)}",
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument(
         "--keep-group",
         choices=("both", "on", "off"),
@@ -358,10 +392,12 @@ def main() -> None:
     if args.keep_group is None:
         args.keep_group = "both" if args.backend == "gloo" else "on"
 
-    shapes = [qwen2_shapes(*config) for config in CONFIGS]
+    configs = [QWEN2_5_SHAPES[name] for name in args.shape] if args.shape else list(CONFIGS)
+    shapes = [qwen2_shapes(*config) for config in configs]
     sizes = [sum(torch.Size(s).numel() for s in shape.values()) for shape in shapes]
-    chosen = [i for i, params in enumerate(sizes) if params <= args.max_params]
+    chosen = [i for i, params in enumerate(sizes) if args.shape or params <= args.max_params]
     shapes = [shapes[i] for i in chosen]
+    labels = [args.shape[i] if args.shape else f"{sizes[i] / 1e6:.2f}M" for i in chosen]
     print(
         f"{args.backend}: 1 sender -> {args.receivers} receiver(s), {args.dtype}, bucket {args.bucket_mb} MiB, "
         f"{args.reps} timed syncs per size and mode, each after an untimed one; {os.cpu_count()} CPU cores, load average "
@@ -383,7 +419,45 @@ def main() -> None:
     print(f"phases at the smallest size ({sizes[chosen[0]] / 1e6:.2f}M params), driver-side and engine-reported:")
     for keep in modes:
         print_phases(f"group {MODE[keep]}", results[keep][0])
+    if args.shape:
+        print("per shape: median sync (first prepare to last finalize), bytes / sync time")
+        for label, nbytes, syncs in zip(labels, nbytes_per_size, results[modes[-1]], strict=True):
+            seconds = statistics.median(s.total for s in syncs)
+            print(f"  {label:<14} {nbytes / 1e9:6.2f} GB  {seconds:7.3f} s  {nbytes / seconds / 1e9:6.2f} GB/s")
+    if args.json:
+        write_json(args, modes, labels, nbytes_per_size, results)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+def write_json(args, modes, labels: list[str], nbytes_per_size: list[int], results) -> None:
+    """Every size's timed syncs (seconds), their medians, the GB/s they imply, and the fit, per group mode."""
+    summary = {
+        "backend": args.backend,
+        "receivers": args.receivers,
+        "dtype": args.dtype,
+        "bucket_mb": args.bucket_mb,
+        "reps": args.reps,
+        "groups": {},
+    }
+    for keep in modes:
+        sizes = []
+        for label, nbytes, syncs in zip(labels, nbytes_per_size, results[keep], strict=True):
+            seconds = statistics.median(s.total for s in syncs)
+            transfer = statistics.median(s.transfer for s in syncs)
+            sizes.append(
+                {
+                    "name": label,
+                    "bytes": nbytes,
+                    "sync_s": [s.total for s in syncs],
+                    "median_sync_s": seconds,
+                    "median_transfer_s": transfer,
+                    "gb_per_s": nbytes / seconds / 1e9,
+                    "transfer_gb_per_s": nbytes / transfer / 1e9,
+                }
+            )
+        fixed, bandwidth = fit([(size["bytes"], size["median_sync_s"]) for size in sizes])
+        summary["groups"][MODE[keep]] = {"sizes": sizes, "fit_fixed_s": fixed, "fit_gb_per_s": bandwidth / 1e9}
+    Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

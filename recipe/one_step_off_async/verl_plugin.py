@@ -4,8 +4,9 @@ verl imports the modules listed in ``VERL_USE_EXTERNAL_MODULES`` at ``import ver
 (``verl/__init__.py``), in the driver and in every Ray worker. This module is the only one of the
 recipe listed there, so it is the one place that decides what of the recipe runs in every process:
 
-- the CPU platform (registered; patched in when ``VERL_PLATFORM=cpu``) and the one-GPU patch (when
-  ``async_training.one_gpu`` put its variable in the environment);
+- the CPU platform (registered; patched in when ``VERL_PLATFORM=cpu``), the one-GPU patch (when
+  ``async_training.one_gpu`` put its variable in the environment) and, on every platform, the critic's
+  value model loaded with the attention its config names (``platforms/verl_patches.py``);
 - the weight-sync engines ``gloo`` and ``checkpoint`` in verl's ``CheckpointEngineRegistry``, so that
   ``rollout.checkpoint_engine.backend=gloo`` (or ``checkpoint``) works with no ``custom_backend_module``;
 - the ``hf`` rollout replica in verl's ``RolloutReplicaRegistry`` (imported on first lookup), so that
@@ -41,6 +42,7 @@ def _hf_replica() -> type:
 def apply() -> None:
     """Register the ``hf`` replica and patch verl for the selected platform, in this process (idempotent)."""
     RolloutReplicaRegistry.register(hf.ROLLOUT_NAME, _hf_replica)
+    verl_patches.apply_on_every_platform()
     # From the environment only: `platforms.cpu` may be half imported here (it imports verl, which imports us).
     verl_patches.apply_when_cpu_is_selected()
     one_gpu.apply()

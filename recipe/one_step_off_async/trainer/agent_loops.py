@@ -17,6 +17,10 @@ Tool-response tokens are not sampled by any version; they carry none and are not
 ``OneStepOffAgentLoopWorker`` maps ``tool_agent`` to it in its own process (where a run's config names
 verl's loop, by ``default_agent_loop`` or a row's ``agent_name``); ``OneStepOffAgentLoopManager`` starts
 those workers. ``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes what this relies on.
+
+``agent_loop_manager_class`` is the manager the trainer builds: a user's subclass of
+``OneStepOffAgentLoopManager`` named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (the key
+verl's trainers read), else the recipe's; any other class is refused (``launch.check_launch``, before Ray starts).
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import math
 from typing import Any
 
 import ray
+from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop import agent_loop
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopOutput, AgentLoopWorker
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
 from verl.workers.rollout.replica import TokenOutput
 
 from recipe.one_step_off_async.elastic.client import REGENERATED
+from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
 from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS, add_run
 
 TOOL_AGENT = "tool_agent"
@@ -165,3 +171,34 @@ class OneStepOffAgentLoopManager(AgentLoopManager):
     """verl's ``AgentLoopManager`` over ``OneStepOffAgentLoopWorker`` (the attribute verl reads for it)."""
 
     agent_loop_workers_class = ray.remote(OneStepOffAgentLoopWorker)
+
+
+MANAGER_CLASS_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+
+
+def agent_loop_manager_class(config: DictConfig) -> type[OneStepOffAgentLoopManager]:
+    """The manager named by ``MANAGER_CLASS_KEY`` (imported by its fully-qualified name, as verl does), or the
+    recipe's when the key is unset. Raise ``ConfigError`` for a class that is not a subclass of the recipe's,
+    ``NotOnThisMachine`` for a module that does not import here."""
+    from verl.utils.import_utils import load_class_from_fqn
+
+    name = OmegaConf.select(config, MANAGER_CLASS_KEY)
+    if not name:
+        return OneStepOffAgentLoopManager
+    recipes = f"{OneStepOffAgentLoopManager.__module__}.{OneStepOffAgentLoopManager.__qualname__}"
+    fix = (
+        f"subclass {recipes} (its workers record the weight version of every turn, which the trainer checks), "
+        "or unset the key"
+    )
+    try:
+        manager = load_class_from_fqn(name, "AgentLoopManager")
+    except (ImportError, AttributeError, ValueError) as error:
+        # A module missing here may be on the cluster, like a custom_backend_module (preflight.missing_backends).
+        refused = NotOnThisMachine if isinstance(error, ImportError) else ConfigError
+        raise refused(f"{MANAGER_CLASS_KEY}={name} does not import ({error}). Name an importable {fix}.") from error
+    if not (isinstance(manager, type) and issubclass(manager, OneStepOffAgentLoopManager)):
+        raise ConfigError(
+            f"{MANAGER_CLASS_KEY}={name} is not a subclass of {recipes}: the trainer would generate without the "
+            f"recipe's agent-loop workers. Make it a {fix}."
+        )
+    return manager

@@ -6,6 +6,9 @@ calls ``async_rollout_manager.generate_sequences`` on the driver thread). The tr
 managers once, so these calls and the pipeline's own ones fail after ``async_training``'s
 timeouts with a message naming what was awaited, like every other wait of the recipe.
 
+While it waits, each of them checks the rollout engines every second (``engine_health.EngineWatch``), so a dead
+engine fails the run at once, by name, instead of at the timeout.
+
 A call that times out keeps running on its daemon thread until the process exits (a Ray call
 cannot be cancelled from the caller); the run fails right away and Ray tears the workers down.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,7 +26,35 @@ from recipe.one_step_off_async.errors import PipelineTimeoutError
 T = TypeVar("T")
 
 
-def call_with_deadline(fn: Callable[[], T], timeout_s: float, describe: Callable[[], str]) -> T:
+# How often a wait checks the rollout engines (``engine_health.EngineWatch``) while it waits.
+CHECK_EVERY_S = 1.0
+
+
+def wait_for(
+    future: concurrent.futures.Future,
+    timeout_s: float,
+    describe: Callable[[], str],
+    check: Callable[[], None] | None = None,
+) -> Any:
+    """``future``'s result or exception, or ``PipelineTimeoutError(describe())`` after ``timeout_s``.
+
+    ``check()`` runs every ``CHECK_EVERY_S`` while waiting and may raise: a dead rollout engine ends the wait at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        poll = remaining if check is None else min(remaining, CHECK_EVERY_S)
+        try:
+            return future.result(timeout=max(0.0, poll))
+        except concurrent.futures.TimeoutError:
+            if poll >= remaining:
+                raise PipelineTimeoutError(describe()) from None
+        check()
+
+
+def call_with_deadline(
+    fn: Callable[[], T], timeout_s: float, describe: Callable[[], str], check: Callable[[], None] | None = None
+) -> T:
     """``fn()`` on a daemon thread; its result or exception, or ``PipelineTimeoutError(describe())``."""
     future: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -33,18 +65,16 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, describe: Callable
             future.set_exception(error)
 
     threading.Thread(target=run, name="deadline-call", daemon=True).start()
-    try:
-        return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        raise PipelineTimeoutError(describe()) from None
+    return wait_for(future, timeout_s, describe, check)
 
 
 class _Passthrough:
     """Every attribute but the bounded method is the wrapped manager's."""
 
-    def __init__(self, manager: Any, timeout_s: float) -> None:
+    def __init__(self, manager: Any, timeout_s: float, check: Callable[[], None] | None = None) -> None:
         self.manager = manager
         self.timeout_s = timeout_s
+        self.check = check
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)
@@ -53,8 +83,8 @@ class _Passthrough:
 class BoundedCheckpointManager(_Passthrough):
     """verl's ``CheckpointEngineManager`` whose ``update_weights`` fails after ``sync_timeout_s``."""
 
-    def __init__(self, manager: Any, timeout_s: float, backend: str) -> None:
-        super().__init__(manager, timeout_s)
+    def __init__(self, manager: Any, timeout_s: float, backend: str, check: Callable[[], None] | None = None) -> None:
+        super().__init__(manager, timeout_s, check)
         self.backend = backend
 
     def update_weights(self, global_steps: int) -> dict:
@@ -66,6 +96,7 @@ class BoundedCheckpointManager(_Passthrough):
                 f"{self.timeout_s:g} s (async_training.sync_timeout_s). A rollout worker or the checkpoint "
                 f"engine ({self.backend}) is stuck."
             ),
+            self.check,
         )
 
 
@@ -83,4 +114,5 @@ class BoundedRolloutManager(_Passthrough):
                 f"(async_training.generation_timeout_s; {len(prompts)} samples). The rollout replicas may be hung "
                 "or overloaded; check their logs, or raise the timeout for very long generations."
             ),
+            self.check,
         )

@@ -31,7 +31,7 @@ from typing import Any
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
-from recipe.one_step_off_async.errors import PipelineTimeoutError
+from recipe.one_step_off_async.trainer.deadlines import wait_for
 
 __all__ = ["Generated", "InFlightBatch", "RolloutPipeline", "expected_weight_version"]
 
@@ -70,15 +70,18 @@ class InFlightBatch:
     resume_state: dict[str, Any]
     future: concurrent.futures.Future
 
-    def result(self, timeout_s: float) -> Generated:
-        try:
-            return self.future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise PipelineTimeoutError(
+    def result(self, timeout_s: float, check: Callable[[], None] | None = None) -> Generated:
+        """The generation, waited for at most ``timeout_s``; ``check()`` runs every second meanwhile and may raise."""
+        return wait_for(
+            self.future,
+            timeout_s,
+            lambda: (
                 f"Generation of the batch for training step {self.step} did not finish within "
                 f"{timeout_s:g} s (async_training.generation_timeout_s). The rollout replicas may be hung or "
                 "overloaded; check their logs, or raise the timeout for very long generations."
-            ) from None
+            ),
+            check,
+        )
 
 
 class RolloutPipeline:
@@ -183,11 +186,11 @@ class RolloutPipeline:
                     break
                 yield epoch, state, batch_dict
 
-    def wait_idle(self, timeout_s: float) -> None:
+    def wait_idle(self, timeout_s: float, check: Callable[[], None] | None = None) -> None:
         """Block until no generation is running (before a weight sync or validation)."""
         deadline = time.monotonic() + timeout_s
         for batch in list(self._in_flight):
-            batch.result(timeout_s=max(0.0, deadline - time.monotonic()))
+            batch.result(max(0.0, deadline - time.monotonic()), check)
 
     def busy_seconds(self, start: float, end: float) -> float:
         """Seconds of the window [start, end] in which at least one finished generation was running.

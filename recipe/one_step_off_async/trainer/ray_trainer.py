@@ -53,6 +53,7 @@ from recipe.one_step_off_async.trainer.checks import (
 from recipe.one_step_off_async.trainer.clients import rollout_client
 from recipe.one_step_off_async.trainer.console import CompactConsole
 from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager
+from recipe.one_step_off_async.trainer.engine_health import EngineWatch
 from recipe.one_step_off_async.trainer.engine_stats import EngineStatsReader
 from recipe.one_step_off_async.trainer.pipeline import InFlightBatch, RolloutPipeline, expected_weight_version
 from recipe.one_step_off_async.trainer.replay import replaying
@@ -179,17 +180,22 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
 
     def _start_pipeline(self) -> None:
         """Bound verl's managers and put the rollout pipeline behind the train-dataloader seam."""
-        # verl's fit() syncs v_0 and _validate() generates on this thread with no deadline: bound every call.
+        # verl's fit() syncs v_0 and _validate() generates on this thread with no deadline: bound every call,
+        # and end it at once when a replica's engine dies.
+        self.engine_watch = EngineWatch(self.llm_server_manager.get_replicas, self.async_config.elastic.enable)
         self.checkpoint_manager = BoundedCheckpointManager(
             self.checkpoint_manager,
             self.async_config.sync_timeout_s,
             self.config.actor_rollout_ref.rollout.checkpoint_engine.backend,
+            self.engine_watch.check,
         )
         self.engine_stats = EngineStatsReader(
             lambda: [server for replica in self.llm_server_manager.get_replicas() for server in replica.servers]
         )
         rollout = self.async_rollout_manager
-        self.async_rollout_manager = BoundedRolloutManager(rollout, self.async_config.generation_timeout_s)
+        self.async_rollout_manager = BoundedRolloutManager(
+            rollout, self.async_config.generation_timeout_s, self.engine_watch.check
+        )
         self.train_dataloader = RolloutPipeline(
             self.train_dataloader,
             staleness=self.async_config.staleness,
@@ -226,12 +232,13 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         return LLMServerManager.create(config=self.config)
 
     def _init_async_rollout_manager(self) -> None:
-        from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
+        from recipe.one_step_off_async.trainer.agent_loops import agent_loop_manager_class
 
+        manager_class = agent_loop_manager_class(self.config)
         self.llm_server_manager = self._started_rollout_servers()
         self.async_rollout_mode = True
         client_cls, client_options = rollout_client(self.async_config, self.pool_controller)
-        self.async_rollout_manager = OneStepOffAgentLoopManager.create(
+        self.async_rollout_manager = manager_class.create(
             config=self.config,
             llm_client=self.llm_server_manager.get_client(client_cls, **client_options),
             reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
@@ -300,7 +307,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
     def _fit_generate(self, in_flight: InFlightBatch) -> DataProto:
         step = in_flight.step
         with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step):
-            generated = in_flight.result(timeout_s=self.async_config.generation_timeout_s)
+            generated = in_flight.result(self.async_config.generation_timeout_s, self.engine_watch.check)
         ready_at = time.time()
         # verl's generation step on the output that is already here (trainer/replay.py).
         with replaying(self, generated.output):
@@ -376,7 +383,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             if not self.async_config.partial_rollout:
                 # Generations launched with the previous weights finish before the new ones arrive.
                 with marked_timer("wait_prev_gen", self.timing_raw), self._failures_named(step + 1):
-                    self.train_dataloader.wait_idle(timeout_s=self.async_config.generation_timeout_s)
+                    self.train_dataloader.wait_idle(self.async_config.generation_timeout_s, self.engine_watch.check)
             pool.before_sync(step)  # idle, or about to be interrupted (partial): membership may change now
             sync_start = time.time()
             with marked_timer("sync_weights", self.timing_raw), self._failures_named(step):

@@ -1,0 +1,131 @@
+"""A dead rollout engine ends the trainer's waits at once, by name (``trainer/engine_health.py``, ``deadlines.wait_for``).
+
+The waits are checked with a pending future and a check that raises; the watch with Ray actors standing in for
+verl's server actors: one whose engine says ``errored`` as vLLM's ``AsyncLLM`` does when its process died, one
+healthy, one killed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from recipe.one_step_off_async.errors import PipelineTimeoutError, RolloutEngineDiedError
+from recipe.one_step_off_async.trainer.deadlines import CHECK_EVERY_S, wait_for
+from recipe.one_step_off_async.trainer.engine_health import EngineWatch, engine_failure
+
+
+class DeadError(Exception):
+    pass
+
+
+def test_a_check_that_raises_ends_the_wait_long_before_its_timeout():
+    calls = []
+
+    def check():
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            raise DeadError("replica 0 died")
+
+    started = time.monotonic()
+    with pytest.raises(DeadError, match="replica 0 died"):
+        wait_for(concurrent.futures.Future(), 60, lambda: "never", check)
+    assert time.monotonic() - started < 3 * CHECK_EVERY_S + 1
+
+
+def test_a_wait_returns_the_result_and_times_out_by_name_with_or_without_a_check():
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_result(7)
+    assert wait_for(done, 1, lambda: "never", lambda: None) == 7
+    for check in (None, lambda: None):
+        with pytest.raises(PipelineTimeoutError, match="the batch of step 3"):
+            wait_for(concurrent.futures.Future(), 0.3, lambda: "the batch of step 3", check)
+
+
+def test_engine_failure_reads_what_vllm_says_of_its_engine():
+    class AsyncLLM:
+        errored = True
+        dead_error = RuntimeError("EngineCore died")
+
+    assert "AsyncLLM engine died" in engine_failure(SimpleNamespace(engine=AsyncLLM()))
+    assert engine_failure(SimpleNamespace(engine=SimpleNamespace(errored=False))) is None
+    assert (
+        engine_failure(SimpleNamespace(engine=object())) is None
+    )  # the hf engine has no such flag: it lives in the actor
+    assert engine_failure(object()) is None
+
+
+class _Engine:
+    def __init__(self, errored: bool) -> None:
+        self.errored = errored
+        self.dead_error = RuntimeError("EngineCore died")
+
+
+class _Server:
+    def __init__(self, errored: bool) -> None:
+        self.engine = _Engine(errored)
+
+    def ping(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def ray_with_this_module(cpu_ray):
+    """Ray actors of this module's classes (the workers cannot import the tests)."""
+    cpu_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield cpu_ray
+    cpu_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _replicas(ray, *errored: bool):
+    server = ray.remote(num_cpus=0)(_Server)
+    replicas = [
+        SimpleNamespace(replica_rank=rank, _server_address=f"127.0.0.1:{8000 + rank}", servers=[server.remote(dead)])
+        for rank, dead in enumerate(errored)
+    ]
+    # Started and probed once (the first probe imports the recipe's trainer in the actor), as verl's replicas are
+    # long before the trainer waits on them: a probe that times out counts as alive.
+    ray.get([replica.servers[0].__ray_call__.remote(engine_failure) for replica in replicas])
+    return replicas
+
+
+def _died_within(ray, actor, seconds: float) -> bool:
+    """Whether ``actor`` stops answering within ``seconds`` (``ray.kill`` returns before the actor is gone)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=seconds)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _kill(ray, actor) -> None:
+    ray.kill(actor)
+    assert _died_within(ray, actor, 30)
+
+
+def test_a_fixed_pool_fails_naming_the_replica_whose_engine_or_actor_died(ray_with_this_module):
+    cpu_ray = ray_with_this_module
+    healthy, dead = _replicas(cpu_ray, False, True)
+    EngineWatch(lambda: [healthy], elastic=False).check()
+    with pytest.raises(RolloutEngineDiedError, match=r"rollout replica 1 \(127.0.0.1:8001\): its _Engine engine died"):
+        EngineWatch(lambda: [healthy, dead], elastic=False).check()
+    _kill(cpu_ray, healthy.servers[0])
+    with pytest.raises(RolloutEngineDiedError, match="rollout replica 0 .* its server actor died"):
+        EngineWatch(lambda: [healthy], elastic=False).check()
+
+
+def test_an_elastic_pool_loses_the_replica_whose_engine_died(ray_with_this_module):
+    cpu_ray = ray_with_this_module
+    healthy, dead = _replicas(cpu_ray, False, True)
+    EngineWatch(lambda: [healthy, dead], elastic=True).check()  # raises nothing
+    assert cpu_ray.get(healthy.servers[0].ping.remote())
+    # Its server actor is killed: the pool sees the loss the way it sees any other.
+    assert _died_within(cpu_ray, dead.servers[0], 30)
+    EngineWatch(lambda: [healthy, dead], elastic=True).check()  # a dead actor is the pool's to handle
