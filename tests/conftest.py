@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(items):
     minute on one core, ``pytest_collection_finish``) overlaps the other modules' tests.
     """
     for item in items:
-        if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network")):
+        if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network", "vllm")):
             item.add_marker(pytest.mark.slow)
     asset_modules = {item.path for item in items if needs_demo_assets(item)}
     items.sort(key=lambda item: item.path in asset_modules)  # stable: the order within each group is kept

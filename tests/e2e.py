@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+import pytest
+
 CPU_PROFILE = "one_step_off_ppo_cpu"
+# The rollout engines an e2e run is repeated on: the recipe's `hf` replica, and vLLM's CPU build through verl's own
+# vLLM replica, server and weight-update path (mark `vllm`: `-m "not vllm"` skips those launches).
+VLLM = pytest.param("vllm", marks=pytest.mark.vllm, id="vllm")
+ENGINES = ("hf", VLLM)
 ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", f"--config-name={CPU_PROFILE}"]
 STEPS = 4
 ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the resume chain
@@ -52,6 +58,16 @@ def estimator_overrides(estimator: str) -> tuple[str, ...]:
 def assert_estimator_ran(run, estimator: str) -> None:
     """The task runner prints the resolved config: the run trained with ``estimator``."""
     assert f"'adv_estimator': '{estimator}'" in run.output
+
+
+def engine_overrides(engine: str, reward_model: bool = False) -> tuple[str, ...]:
+    """Overrides that roll out (and, with ``reward_model``, serve the reward model) on ``engine``."""
+    if engine == "hf":
+        return ()
+    return (
+        f"actor_rollout_ref.rollout.name={engine}",
+        *([f"reward.reward_model.rollout.name={engine}"] * reward_model),
+    )
 
 
 def checkpoint_engine(weights_dir) -> tuple[str, ...]:

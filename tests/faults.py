@@ -47,6 +47,7 @@ KILLED_CONVERSATION_ENV = "FAULTS_KILLED_CONVERSATION_FILE"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
 ROLLOUT_SERVER = "ray::HFRolloutServer"
+VLLM_ENGINE = "VLLM::EngineCore"  # vLLM's engine process, below verl's server actor
 ACTOR_WORKER = "ray::WorkerDict"
 
 

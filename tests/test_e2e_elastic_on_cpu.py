@@ -24,6 +24,7 @@ from collections import Counter
 
 import pytest
 from e2e import (
+    ENGINES,
     JOIN_RUN_LOSS,
     KILL_RUN_ESTIMATOR,
     KILL_RUN_LOSS,
@@ -33,6 +34,7 @@ from e2e import (
     assert_trained_with_staleness,
     checkpoint_engine,
     contract_version,
+    engine_overrides,
     estimator_overrides,
     loss_overrides,
     run_main,
@@ -46,6 +48,8 @@ LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.mer
 ELASTIC = ("async_training.elastic.enable=true",)
 SAMPLES_PER_BATCH = 16 * 4  # data.train_batch_size x rollout.n of the CPU profile
 FAIL_WITHIN_S = 60
+# How a replica's server is named: the hf server by its actor, verl's vLLM server by its HTTP address.
+SERVER_ADDRESS = {"hf": r"hf://\S+", "vllm": r"[\d.]+:\d+"}
 
 
 def requests_by_replica(values: dict) -> dict[int, float]:
@@ -53,7 +57,8 @@ def requests_by_replica(values: dict) -> dict[int, float]:
     return {int(key[len(prefix) :]): count for key, count in values.items() if key.startswith(prefix)}
 
 
-def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path, one_step_off_run):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(engine, tmp_path, one_step_off_run):
     # Also the synchronous baseline's run (staleness 0), weights pushed every 3 steps through files with the
     # `checkpoint` engine (which follows the loss of a receiver), the reinforce loss, and LoRA on the actor
     # (the adapters merged into the weights each sync sends).
@@ -72,6 +77,7 @@ def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path
         *estimator_overrides(KILL_RUN_ESTIMATOR),
         *LORA,
         *ELASTIC,
+        *engine_overrides(engine),
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         *overrides,
         env=env,
@@ -104,7 +110,9 @@ def test_a_replica_killed_mid_generation_costs_no_prompt_and_no_version(tmp_path
     # Dropped from the load balancer and from the weight syncs (the sync of v3 reached the survivor only).
     assert [metrics[step]["async/rollout_replicas"] for step in range(2, STEPS + 1)] == [1.0] * (STEPS - 1)
     assert metrics[STEPS]["async/rollout_replicas_lost"] == 1.0
-    assert re.search(rf"\[elastic\] replica {1 - survivor} \(hf://\S+\) lost at step 2: ActorDiedError", run.output)
+    assert re.search(
+        rf"\[elastic\] replica {1 - survivor} \({SERVER_ADDRESS[engine]}\) lost at step 2: ActorDiedError", run.output
+    )
 
 
 def test_a_replica_added_to_a_running_job_serves_with_synced_weights_and_losing_all_fails_by_name(tmp_path):

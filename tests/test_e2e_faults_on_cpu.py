@@ -47,7 +47,7 @@ from e2e import (
     pickled_globals,
     run_main,
 )
-from faults import ACTOR_WORKER, ROLLOUT_SERVER, WatchedRun, reward_function, start_main
+from faults import ACTOR_WORKER, ROLLOUT_SERVER, VLLM_ENGINE, WatchedRun, reward_function, start_main
 
 from recipe.one_step_off_async.errors import LaunchProblems
 from recipe.one_step_off_async.trainer.pipeline import expected_weight_version
@@ -64,6 +64,8 @@ BOUNDED = (
     "trainer.test_freq=-1",
 )
 FAIL_WITHIN_S = 120
+# A dead vLLM engine: the next check of the engines (every second of a wait) plus Ray's teardown.
+VLLM_ENGINE_FAILS_WITHIN_S = 45
 
 # The resume chain: the shared run's data and staleness, weights pushed every 4th step and at each
 # checkpoint (every 3rd step and the last), so the checkpoints an interrupt can leave (3, 6) are mid-interval.
@@ -127,6 +129,21 @@ def test_rollout_replica_dying_mid_generation_fails_the_run_naming_it(tmp_path):
         ended = end_by(run, lambda: run.signal_worker(ROLLOUT_SERVER, signal.SIGKILL))
     assert_failed_cleanly(ended)
     assert "HFRolloutServer" in ended.run.output and "died" in ended.run.output
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_dying_fails_the_run_within_seconds_naming_its_replica(tmp_path):
+    """vLLM's engine process killed (the server actor above it lives on): the trainer's next check of the engines
+    names the replica, long before the generation or sync timeouts (raised to 300 s here) would end the run."""
+    timeouts = ("async_training.generation_timeout_s=300", "async_training.sync_timeout_s=300")
+    with watched(
+        tmp_path, *BOUNDED, *timeouts, "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=100"
+    ) as run:
+        run.wait_for_step(2)
+        ended = end_by(run, lambda: run.signal_worker(VLLM_ENGINE, signal.SIGKILL))
+    assert_failed_cleanly(ended)
+    assert ended.seconds_after_fault < VLLM_ENGINE_FAILS_WITHIN_S, f"took {ended.seconds_after_fault:.0f} s to fail"
+    assert re.search(r"RolloutEngineDiedError: rollout replica 0 \(\S+\): its AsyncLLM engine died", ended.run.output)
 
 
 def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):

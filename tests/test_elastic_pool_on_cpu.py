@@ -430,6 +430,8 @@ class Server:
             os._exit(1)  # the process is gone, as after the OOM killer
         if self.behaviour == "raise":
             raise ValueError("the prompt is longer than the model's context")
+        if self.behaviour == "engine_dead":
+            raise EngineDeadError("EngineCore encountered an issue.")  # vLLM's server, its engine process gone
         return TokenOutput(token_ids=[7, 8], log_probs=[-0.1, -0.2], extra_fields={"global_steps": 3})
 
 
@@ -468,6 +470,30 @@ def test_a_request_whose_replica_dies_is_generated_again_on_a_survivor(ray_shipp
     assert cpu_ray.get(balancer.get_all_servers.remote()) == ["hf://healthy"]
     lost = cpu_ray.get(controller.take_lost.remote())
     assert list(lost) == ["hf://dying"] and lost["hf://dying"].startswith("ActorDiedError")
+
+
+class EngineDeadError(RuntimeError):
+    """What vLLM's server raises once its engine process died (``vllm.v1.engine.exceptions``), by name."""
+
+
+def test_a_request_whose_replicas_engine_died_is_generated_again_and_the_replica_killed(ray_shipping_servers, servers):
+    cpu_ray = ray_shipping_servers
+    dead_engine = cpu_ray.remote(Server).remote("engine_dead")
+    servers = {**servers, "engine_dead": dead_engine}
+    client, balancer, controller = _client_and_pool(
+        cpu_ray, servers, {"vllm://dead": "engine_dead", "vllm://ok": "answer"}
+    )
+    output = _generate(cpu_ray, client)
+    assert output.extra_fields[SERVED_BY] == "vllm://ok" and output.extra_fields[REGENERATED] == 1
+    assert cpu_ray.get(balancer.get_all_servers.remote()) == ["vllm://ok"]
+    lost = cpu_ray.get(controller.take_lost.remote())
+    assert list(lost) == ["vllm://dead"] and lost["vllm://dead"].startswith("RayTaskError(EngineDeadError)")
+    # Its server is killed (ray.kill returns before the actor is gone).
+    deadline = time.monotonic() + 30
+    with pytest.raises(cpu_ray.exceptions.RayActorError):
+        while time.monotonic() < deadline:
+            cpu_ray.get(dead_engine.__ray_ready__.remote(), timeout=30)
+            time.sleep(0.2)
 
 
 def test_a_request_with_no_replica_left_fails_naming_the_lost_ones(ray_shipping_servers, servers):

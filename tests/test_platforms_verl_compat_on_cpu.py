@@ -333,10 +333,14 @@ def test_verl_still_scores_a_reward_model_only_on_its_own_engines_without_extra_
     assert 'result["reward_extra_info"]' in inspect.getsource(AgentLoopWorker._compute_score)
     verl_posted, verl_result = _disrm_request("vllm", RewardLoopWorker)
     assert verl_result == {"reward_score": 0.25}
-    # The hf server answers vLLM's protocol: the subclass sends exactly what verl's vLLM branch sends.
+    # verl names the model by reward.reward_model.model_path, which a replica may serve under another name (the
+    # path it loaded it from). The subclass sends verl's vLLM request without the name, to vLLM and to hf alike.
+    [(verl_payload, endpoint)] = verl_posted
+    assert verl_payload["model"] == "/rm" and endpoint == "classify"
+    unnamed = [({key: value for key, value in verl_payload.items() if key != "model"}, endpoint)]
     fixed = {"reward_score": 0.25, "reward_extra_info": {}}
-    assert _disrm_request("hf", OneStepOffRewardLoopWorker) == (verl_posted, fixed)
-    assert _disrm_request("vllm", OneStepOffRewardLoopWorker) == (verl_posted, fixed)  # other engines: verl's
+    assert _disrm_request("hf", OneStepOffRewardLoopWorker) == (unnamed, fixed)
+    assert _disrm_request("vllm", OneStepOffRewardLoopWorker) == (unnamed, fixed)
     # verl's manager creates its workers from the class attribute the subclass sets first.
     manager_init = inspect.getsource(RewardLoopManager.__init__)
     assert manager_init.index("self.reward_loop_workers_class = ray.remote(RewardLoopWorker)") < manager_init.index(

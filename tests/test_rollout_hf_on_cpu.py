@@ -446,6 +446,9 @@ def test_the_reward_model_server_answers_vllm_classify_with_the_classifiers_logi
     batch = client.post("/classify", json={"input": texts}).json()["data"]
     assert [item["probs"][0] for item in batch] == pytest.approx(torch.tensor(expected).sigmoid().tolist(), abs=1e-6)
     assert client.post("/classify", json={"input": "abc", "prompt": "x"}).status_code == 422
+    # Another model's name is refused as vLLM refuses it (the recipe's reward loop names none).
+    other = client.post("/classify", json={"model": "/models/other-rm", "input": "abc"})
+    assert other.status_code == 404 and "The model `/models/other-rm` does not exist." in other.text
     too_long = client.post("/classify", json={"input": "a" * 600})
     assert too_long.status_code == 400 and "reward.reward_model.rollout.max_model_len" in too_long.text
     # Scored at the last token even when it is the pad token (vLLM's pooling; transformers would skip it).

@@ -15,7 +15,9 @@ Each output is stamped with the replica that produced it (``rollout_replica``) a
 attempts lost with a replica (``rollout_regenerated``); verl's agent loop carries both into the
 batch, where the trainer counts requests per replica. With no replica left the request fails
 with ``RolloutPoolLostError``, as does a request that saw ``MAX_REPLICAS_LOST_PER_REQUEST`` replicas
-die under it. Errors raised by a live replica (bad input...) are not retried.
+die under it. A replica whose engine died under a live server (vLLM's ``EngineDeadError``) is lost the same way:
+its server is killed, and the request sent again. Other errors raised by a live replica (bad input...) are not
+retried.
 """
 
 from __future__ import annotations
@@ -36,8 +38,17 @@ REGENERATED = "rollout_regenerated"
 # engine): fail the run naming it rather than let it take the whole pool down.
 MAX_REPLICAS_LOST_PER_REQUEST = 3
 
-# The replica the current request (an asyncio task) was routed to; set by _acquire_server.
+# The replica the current request (an asyncio task) was routed to, and its server; set by _acquire_server.
 _routed_to: contextvars.ContextVar[str | None] = contextvars.ContextVar("routed_to", default=None)
+_routed_handle: contextvars.ContextVar[ray.actor.ActorHandle | None] = contextvars.ContextVar(
+    "routed_handle", default=None
+)
+
+
+def engine_died(error: ray.exceptions.RayTaskError) -> bool:
+    """A replica's server answered that its engine is gone: vLLM's ``EngineDeadError`` once its engine process died
+    (the server actor above it lives on, and would answer every request so)."""
+    return type(error.cause).__name__ == "EngineDeadError"
 
 
 class ElasticLLMServerClient(LLMServerClient):
@@ -62,6 +73,7 @@ class ElasticLLMServerClient(LLMServerClient):
     async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, ray.actor.ActorHandle]:
         server_id, handle = await super()._acquire_server(request_id, **extra)
         _routed_to.set(server_id)
+        _routed_handle.set(handle)
         return server_id, handle
 
     async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
@@ -70,10 +82,15 @@ class ElasticLLMServerClient(LLMServerClient):
             _routed_to.set(None)
             try:
                 output = await super().generate(request_id, **kwargs)
-            except ray.exceptions.ActorDiedError as error:  # not ActorUnavailableError: it may come back
+            except (ray.exceptions.ActorDiedError, ray.exceptions.RayTaskError) as error:
+                # Not ActorUnavailableError: it may come back.
                 server_id = _routed_to.get()
                 if server_id is None:  # the load balancer itself is gone: nothing to fail over to
                     raise
+                if isinstance(error, ray.exceptions.RayTaskError):
+                    if not engine_died(error):
+                        raise  # a live replica's own error (bad input...): not retried
+                    ray.kill(_routed_handle.get())  # what is left of the replica serves nothing more
                 lost.append(server_id)
                 await self._drop(server_id, error)
                 if len(lost) >= MAX_REPLICAS_LOST_PER_REQUEST:

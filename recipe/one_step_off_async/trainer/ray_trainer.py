@@ -414,13 +414,15 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
 
     @contextlib.contextmanager
     def _failures_named(self, step: int) -> Iterator[None]:
-        """A generation or sync that failed because the rollout pool lost too many replicas fails by that name."""
+        """A generation or sync that failed because the rollout pool lost too many replicas, or because a replica's
+        engine died, fails by that name."""
         try:
             yield
         except Exception as error:
             lost = self.rollout_pool.explain_failure(step)
             if lost is not None:
                 raise lost from error
+            self.engine_watch.check()  # raises RolloutEngineDiedError naming a dead engine, the error its context
             raise
 
     def _fit_collect_metrics(self, batch: DataProto) -> None:

@@ -20,21 +20,23 @@ from __future__ import annotations
 import ray
 from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
 
-# The recipe's CPU rollout backend (rollout.hf.ROLLOUT_NAME; the trainer does not import backends).
-HF_ROLLOUT = "hf"
+# The reward-model backends that serve vLLM's /classify: vLLM and the recipe's CPU backend (rollout.hf.ROLLOUT_NAME;
+# the trainer does not import backends).
+VLLM_CLASSIFY_ROLLOUTS = ("vllm", "hf")
 
 
 class OneStepOffRewardLoopWorker(RewardLoopWorker):
     async def compute_score_disrm(self, data) -> dict:
-        """verl's scoring (for ``hf``, the request of verl's vLLM branch), with a ``reward_extra_info``."""
-        if self.config.reward.reward_model.rollout.name != HF_ROLLOUT:
+        """verl's scoring with vLLM's ``/classify`` request (``hf`` too), naming no model, with a ``reward_extra_info``.
+
+        verl names ``reward.reward_model.model_path``, but a replica serves the model under the path it loaded it
+        from (a local copy of an ``hdfs://`` path, say), and vLLM answers 404 "The model ... does not exist" to any
+        other name. Each replica serves one model, which vLLM takes when the request names none.
+        """
+        if self.config.reward.reward_model.rollout.name not in VLLM_CLASSIFY_ROLLOUTS:
             result = await super().compute_score_disrm(data)
         else:
-            payload = {
-                "model": self.config.reward.reward_model.model_path,
-                "input": await self._preprocess_reward_inputs(data),
-                "use_activation": False,
-            }
+            payload = {"input": await self._preprocess_reward_inputs(data), "use_activation": False}
             output = await self._post_request(payload, "classify")
             result = {"reward_score": output["data"][-1]["probs"][-1]}
         return {"reward_extra_info": {}, **result}

@@ -120,6 +120,8 @@ class HFRewardServer:
         return scores.tolist(), len(token_ids)
 
     async def classify(self, request: ClassifyRequest) -> dict[str, Any]:
+        if request.model not in (None, self.served_model):  # vLLM's check of the served model's name
+            raise HTTPException(status_code=404, detail=f"The model `{request.model}` does not exist.")
         texts = [request.input] if isinstance(request.input, str) else request.input
         use_activation = True if request.use_activation is None else request.use_activation
         loop = asyncio.get_running_loop()
