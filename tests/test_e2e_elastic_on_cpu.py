@@ -1,7 +1,8 @@
 """The elastic rollout pool on the real entry point: replicas lost, added and all gone, with 2 `hf` replicas.
 
 Two runs (each ~1 min on 2 cores), which are also the end-to-end runs of staleness 0 and 2 (the
-staleness contract, ``sync_interval``, the ``checkpoint`` engine, the reinforce and tis_pg losses):
+staleness contract, ``sync_interval``, the ``checkpoint`` engine, the reinforce and tis_pg losses); the first
+also on vLLM's CPU build through verl's vLLM path (mark ``vllm``):
 
 - two replicas, one killed in the middle of generating a batch (staleness 0, weights pushed every 3
   steps through the ``checkpoint`` engine): the run finishes, every step trains the same prompts as

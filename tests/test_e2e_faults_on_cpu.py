@@ -1,11 +1,12 @@
 """Faults on the real entry point: a run fails fast and clearly, leaves nothing behind, loses no data.
 
-Six launches of ``python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_cpu``
+Seven launches of ``python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_cpu``
 (``faults.start_main`` or ``e2e.run_main``), each checking the exit code, the time to failure, the
 message, and that no process of the run survives it:
 
 - a rollout replica killed mid-generation; a rollout worker lost during a weight sync; a reward
-  function that raises (one launch each);
+  function that raises (one launch each); on vLLM's CPU build (mark ``vllm``), vLLM's engine process killed
+  under its live server (one launch);
 - the resume chain (``resume_chain``): three launches sharing one checkpoint folder, with weights
   pushed every 4 steps and at every checkpoint (every 3 steps), so each checkpoint the interrupt can
   leave falls in the middle of a sync interval. Launch 1 is stopped by Ctrl-C; launch 2 resumes and

@@ -1,7 +1,9 @@
 """Partial rollout on the real entry point: long-tail and multi-turn tool use at staleness 2, a replica lost
 mid-conversation, a resume.
 
-Two launches (about a minute each on 2 cores), on ``one_step_off_ppo_cpu_long_tail`` with an agentic half:
+Three launches (a minute or two each on 2 cores): the first once per rollout engine (the ``hf`` replica, and vLLM's
+CPU build through verl's vLLM path with ``scheduling_policy=priority``, mark ``vllm``), the resume on ``hf``; on
+``one_step_off_ppo_cpu_long_tail`` with an agentic half:
 every batch holds 2 long-tail prompts of 200 to 480 tokens (so each sync lands while they generate) and 2
 prompts of the tool-use task (``demo/tool_task.py``: the model calls the
 demo's tool through verl's tool agent loop, then answers), 4 samples each, by the tool-use model:
@@ -53,6 +55,7 @@ TOOL_ROW_INDEX = 1_000_000  # the tool-use rows' extra_info.index, after the lon
 
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)  # verl's hermes parser's pattern
+TOOL_TURN = re.compile(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>\n<\|im_start\|>assistant\n", re.DOTALL)
 NEXT_ASSISTANT_TURN = "\nassistant\n"  # in a dumped response (special tokens dropped)
 
 
@@ -186,14 +189,17 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
     assert fields[SERVED_BY] == last
     # Every model token of both turns carries its version; the trainer checked them against the contract.
     assert sum(n_tokens for _, n_tokens in fields[VERSION_RUNS]) == sum(conversation["response_mask"])
-    call = TOOL_CALL.search(conversation["response"])
-    assert call, conversation["response"]
-    letters = sort_letters_argument(call.group(1))
-    assert letters is not None, call.group(1)
-    tool_turn = f"<|im_start|>tool\n{''.join(sorted(letters))}<|im_end|>\n<|im_start|>assistant\n"
-    assert tool_turn in conversation["response"], conversation["response"]
-    answer = conversation["response"].split(tool_turn, 1)[1]
-    assert answer.endswith("<|im_end|>") and len(answer) > len("<|im_end|>"), answer
+    # verl ran a call of the first turn (the fault fires as it does) and answered it in a tool turn; the answer
+    # turn has tokens. What the policy wrote is sampled: a call with the tool's own argument is answered with the
+    # tool's result, a misspelt one with verl's error message (not asserted).
+    response = conversation["response"]
+    tool_turn = TOOL_TURN.search(response)
+    assert tool_turn, response
+    accepted = [call for call in TOOL_CALL.findall(response[: tool_turn.start()]) if parsed_call(call) is not None]
+    assert accepted, response
+    letters = sort_letters_argument(accepted[0])
+    assert letters is None or tool_turn.group(1) == "".join(sorted(letters)), response
+    assert response[tool_turn.end() :], response
     # Every well-formed tool call in the dumps was answered by the tool with the sorted letters.
     calls = 0
     for step in range(1, STEPS + 1):
@@ -205,10 +211,12 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
                 calls += 1
                 # The tool's turn ends the assistant's (special tokens are not in the dump).
                 assert rest_of_turn.endswith(f"\ntool\n{''.join(sorted(letters))}"), response
-    # 2 tool-use prompts x 4 samples per step; the model calls the tool exactly right in about half of them
-    # (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of this test). A quarter
-    # lies well below the counts measured; a run whose tools never ran counts none.
-    assert calls >= STEPS * 2 * 4 // 4, calls
+    # The tools ran: 2 tool-use prompts x 4 samples per step, of which the model calls the tool exactly right in
+    # about half (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of the hf twin).
+    # None of the 12 prompts getting one exact call in 4 samples: even if a prompt's 4 samples all fail together
+    # 1 time in 5 (far above the 0.44^4 = 0.04 of independent samples), 0.2^12 = 4e-9. A run whose tools never
+    # ran counts none.
+    assert calls >= 1, calls
 
 
 @pytest.mark.parametrize("partial_run", ["hf"], indirect=True)  # one resume: the hf run's checkpoint

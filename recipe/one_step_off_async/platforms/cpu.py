@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from recipe.one_step_off_async.platforms.verl_patches import CPU_PLATFORM, PLATFORM_ENV
+from recipe.one_step_off_async.platforms.verl_patches import CPU_PLATFORM, CPU_RAY_RESOURCE, PLATFORM_ENV
 
 PLATFORM_NAME = CPU_PLATFORM
 
@@ -172,7 +172,7 @@ class PlatformCPU(PlatformBase):
         pass
 
     def ray_resource_name(self) -> str:
-        return "CPU"
+        return CPU_RAY_RESOURCE
 
     def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
         # Ray rejects {"resources": {"CPU": n}}: CPUs are requested through num_cpus.
