@@ -72,6 +72,9 @@ class _Server:
     def ping(self) -> bool:
         return True
 
+    def block(self, seconds: float) -> None:
+        time.sleep(seconds)  # a server busy generating: a question waits until it is done
+
 
 @pytest.fixture
 def ray_with_this_module(cpu_ray):
@@ -113,19 +116,37 @@ def _kill(ray, actor) -> None:
 def test_a_fixed_pool_fails_naming_the_replica_whose_engine_or_actor_died(ray_with_this_module):
     cpu_ray = ray_with_this_module
     healthy, dead = _replicas(cpu_ray, False, True)
-    EngineWatch(lambda: [healthy], elastic=False).check()
+    EngineWatch(lambda: [healthy], elastic=False).check(wait_s=30)
     with pytest.raises(RolloutEngineDiedError, match=r"rollout replica 1 \(127.0.0.1:8001\): its _Engine engine died"):
-        EngineWatch(lambda: [healthy, dead], elastic=False).check()
+        EngineWatch(lambda: [healthy, dead], elastic=False).check(wait_s=30)
     _kill(cpu_ray, healthy.servers[0])
     with pytest.raises(RolloutEngineDiedError, match="rollout replica 0 .* its server actor died"):
-        EngineWatch(lambda: [healthy], elastic=False).check()
+        EngineWatch(lambda: [healthy], elastic=False).check(wait_s=30)
 
 
 def test_an_elastic_pool_loses_the_replica_whose_engine_died(ray_with_this_module):
     cpu_ray = ray_with_this_module
     healthy, dead = _replicas(cpu_ray, False, True)
-    EngineWatch(lambda: [healthy, dead], elastic=True).check()  # raises nothing
+    EngineWatch(lambda: [healthy, dead], elastic=True).check(wait_s=30)  # raises nothing
     assert cpu_ray.get(healthy.servers[0].ping.remote())
     # Its server actor is killed: the pool sees the loss the way it sees any other.
     assert _died_within(cpu_ray, dead.servers[0], 30)
-    EngineWatch(lambda: [healthy, dead], elastic=True).check()  # a dead actor is the pool's to handle
+    EngineWatch(lambda: [healthy, dead], elastic=True).check(wait_s=30)  # a dead actor is the pool's to handle
+
+
+def test_a_check_never_waits_on_a_busy_server_and_a_later_check_finds_the_dead_engine(ray_with_this_module):
+    cpu_ray = ray_with_this_module
+    busy, dead = _replicas(cpu_ray, False, True)
+    busy.servers[0].block.remote(5)
+    watch = EngineWatch(lambda: [busy, dead], elastic=False)
+    started, slowest = time.monotonic(), 0.0
+    with pytest.raises(RolloutEngineDiedError, match="rollout replica 1"):
+        while time.monotonic() - started < 30:
+            began = time.monotonic()
+            try:
+                watch.check()
+            finally:
+                slowest = max(slowest, time.monotonic() - began)
+            time.sleep(0.1)
+    assert time.monotonic() - started < 5  # found while the busy server still had not answered
+    assert slowest < 1.0

@@ -4,7 +4,8 @@ vLLM runs its engine in a process of its own below verl's server actor. When tha
 a weight update, the OOM killer), the actor lives on and nothing answers: a weight sync waits for the rollout side
 until ``async_training.sync_timeout_s`` (verl's sender waits on an acknowledgement the dead worker never sends),
 and a generation until ``generation_timeout_s``. The trainer's waits call ``EngineWatch.check`` every second
-(``deadlines.wait_for``), which asks each replica's server whether its engine is alive:
+(``deadlines.wait_for``), which asks each replica's server whether its engine is alive, without waiting for the
+answer:
 
 - a fixed pool: a dead engine, or a dead server actor, raises ``RolloutEngineDiedError`` naming the replica;
 - an elastic pool: the server actor of a dead engine is killed, so the pool loses that replica the way it loses
@@ -14,19 +15,15 @@ and a generation until ``generation_timeout_s``. The trainer's waits call ``Engi
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from recipe.one_step_off_async.errors import RolloutEngineDiedError
 
 _log = logging.getLogger(__name__)
-
-# A busy server answers late, not never: a probe that times out counts as alive (the wait's own timeout remains).
-PROBE_TIMEOUT_S = 5.0
 
 
 def engine_failure(server: Any) -> str | None:
@@ -41,37 +38,49 @@ def engine_failure(server: Any) -> str | None:
 
 
 class EngineWatch:
-    """Checks the rollout replicas' engines while the trainer waits on them."""
+    """Checks the rollout replicas' engines while the trainer waits on them, never blocking the wait.
+
+    Each ``check`` asks the servers that have no question in flight and reads the answers that have arrived (a server
+    busy generating answers later, not never): a dead engine is found within a check or two of its death.
+    """
 
     def __init__(self, replicas: Callable[[], Iterable[Any]], elastic: bool) -> None:
         self._replicas = replicas
         self._elastic = elastic
+        self._probes: dict[ray.ObjectRef, tuple[Any, ray.actor.ActorHandle]] = {}
 
-    def check(self) -> None:
-        """Raise ``RolloutEngineDiedError`` for a dead engine of a fixed pool; drop it from an elastic pool."""
-        probes = [
-            (replica, server, server.__ray_call__.remote(engine_failure))
-            for replica in list(self._replicas())
-            for server in replica.servers
-        ]
-        deadline = time.monotonic() + PROBE_TIMEOUT_S
-        for replica, server, probe in probes:
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise ``RolloutEngineDiedError`` for a dead engine of a fixed pool; drop it from an elastic pool.
+
+        Reads the answers that arrived within ``wait_s`` (0: those already there) after asking every server that has
+        no question in flight.
+        """
+        probing = {server for _, server in self._probes.values()}
+        for replica in list(self._replicas()):
+            for server in replica.servers:
+                if server not in probing:
+                    self._probes[server.__ray_call__.remote(engine_failure)] = (replica, server)
+        if not self._probes:
+            return
+        answered, _ = ray.wait(list(self._probes), num_returns=len(self._probes), timeout=wait_s)
+        for probe in answered:
+            replica, server = self._probes.pop(probe)
             try:
-                failure = ray.get(probe, timeout=max(0.0, deadline - time.monotonic()))
-            except GetTimeoutError:
-                continue
+                failure = ray.get(probe)
             except RayActorError as error:
                 if self._elastic:
                     continue  # the elastic pool finds its lost actors itself
                 failure = f"its server actor died ({type(error).__name__})"
-            if failure is None:
-                continue
-            name = f"rollout replica {replica.replica_rank} ({getattr(replica, '_server_address', None)})"
-            if self._elastic:
-                _log.error("%s: %s; the elastic pool drops it", name, failure)
-                ray.kill(server)
-                continue
-            raise RolloutEngineDiedError(
-                f"{name}: {failure}. Its log (the replica's vLLMHttpServer / EngineCore lines above) has the "
-                "cause; async_training.elastic.enable=true keeps a run going on the other replicas."
-            )
+            if failure is not None:
+                self._dead(replica, server, failure)
+
+    def _dead(self, replica: Any, server: ray.actor.ActorHandle, failure: str) -> None:
+        name = f"rollout replica {replica.replica_rank} ({getattr(replica, '_server_address', None)})"
+        if self._elastic:
+            _log.error("%s: %s; the elastic pool drops it", name, failure)
+            ray.kill(server)
+            return
+        raise RolloutEngineDiedError(
+            f"{name}: {failure}. Its log (the replica's vLLMHttpServer / EngineCore lines above) has the "
+            "cause; async_training.elastic.enable=true keeps a run going on the other replicas."
+        )

@@ -61,6 +61,8 @@ from recipe.one_step_off_async.trainer.resume import resume_folder
 from recipe.one_step_off_async.trainer.rollout_pool import FixedRolloutPool
 
 _log = logging.getLogger(__name__)
+# How long a failed generation or sync waits for the replicas to say whether an engine died (to name it).
+ENGINE_ANSWER_S = 10.0
 
 
 def _report_failed_rollout_start(start: Future) -> None:
@@ -422,7 +424,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             lost = self.rollout_pool.explain_failure(step)
             if lost is not None:
                 raise lost from error
-            self.engine_watch.check()  # raises RolloutEngineDiedError naming a dead engine, the error its context
+            # Raises RolloutEngineDiedError naming a dead engine, with the error as its context.
+            self.engine_watch.check(wait_s=ENGINE_ANSWER_S)
             raise
 
     def _fit_collect_metrics(self, batch: DataProto) -> None:
