@@ -72,6 +72,9 @@ class _Server:
     def ping(self) -> bool:
         return True
 
+    def kill_engine(self) -> None:
+        self.engine.errored = True
+
     def block(self, seconds: float) -> None:
         time.sleep(seconds)  # a server busy generating: a question waits until it is done
 
@@ -116,22 +119,24 @@ def _kill(ray, actor) -> None:
 def test_a_fixed_pool_fails_naming_the_replica_whose_engine_or_actor_died(ray_with_this_module):
     cpu_ray = ray_with_this_module
     healthy, dead = _replicas(cpu_ray, False, True)
-    EngineWatch(lambda: [healthy], elastic=False).check(wait_s=30)
+    EngineWatch(lambda: [healthy], elastic=False).name_a_dead_engine(timeout_s=30)
     with pytest.raises(RolloutEngineDiedError, match=r"rollout replica 1 \(127.0.0.1:8001\): its _Engine engine died"):
-        EngineWatch(lambda: [healthy, dead], elastic=False).check(wait_s=30)
+        EngineWatch(lambda: [healthy, dead], elastic=False).name_a_dead_engine(timeout_s=30)
     _kill(cpu_ray, healthy.servers[0])
     with pytest.raises(RolloutEngineDiedError, match="rollout replica 0 .* its server actor died"):
-        EngineWatch(lambda: [healthy], elastic=False).check(wait_s=30)
+        EngineWatch(lambda: [healthy], elastic=False).name_a_dead_engine(timeout_s=30)
 
 
 def test_an_elastic_pool_loses_the_replica_whose_engine_died(ray_with_this_module):
     cpu_ray = ray_with_this_module
     healthy, dead = _replicas(cpu_ray, False, True)
-    EngineWatch(lambda: [healthy, dead], elastic=True).check(wait_s=30)  # raises nothing
+    EngineWatch(lambda: [healthy, dead], elastic=True).name_a_dead_engine(timeout_s=30)  # raises nothing
     assert cpu_ray.get(healthy.servers[0].ping.remote())
     # Its server actor is killed: the pool sees the loss the way it sees any other.
     assert _died_within(cpu_ray, dead.servers[0], 30)
-    EngineWatch(lambda: [healthy, dead], elastic=True).check(wait_s=30)  # a dead actor is the pool's to handle
+    EngineWatch(lambda: [healthy, dead], elastic=True).name_a_dead_engine(
+        timeout_s=30
+    )  # a dead actor is the pool's to handle
 
 
 def test_a_check_never_waits_on_a_busy_server_and_a_later_check_finds_the_dead_engine(ray_with_this_module):
@@ -150,3 +155,14 @@ def test_a_check_never_waits_on_a_busy_server_and_a_later_check_finds_the_dead_e
             time.sleep(0.1)
     assert time.monotonic() - started < 5  # found while the busy server still had not answered
     assert slowest < 1.0
+
+
+def test_after_a_failure_the_watch_asks_afresh_not_trusting_an_answer_from_before_the_engine_died(ray_with_this_module):
+    cpu_ray = ray_with_this_module
+    (replica,) = _replicas(cpu_ray, False)
+    watch = EngineWatch(lambda: [replica], elastic=False)
+    watch.check()
+    time.sleep(1)  # the answer "alive" arrives, and is still unread
+    cpu_ray.get(replica.servers[0].kill_engine.remote())
+    with pytest.raises(RolloutEngineDiedError, match="rollout replica 0"):
+        watch.name_a_dead_engine(timeout_s=30)

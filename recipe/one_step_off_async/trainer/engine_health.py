@@ -49,20 +49,32 @@ class EngineWatch:
         self._elastic = elastic
         self._probes: dict[ray.ObjectRef, tuple[Any, ray.actor.ActorHandle]] = {}
 
-    def check(self, wait_s: float = 0.0) -> None:
+    def check(self) -> None:
         """Raise ``RolloutEngineDiedError`` for a dead engine of a fixed pool; drop it from an elastic pool.
 
-        Reads the answers that arrived within ``wait_s`` (0: those already there) after asking every server that has
-        no question in flight.
+        Asks every server that has no question in flight, then reads the answers already there.
         """
         probing = {server for _, server in self._probes.values()}
         for replica in list(self._replicas()):
             for server in replica.servers:
                 if server not in probing:
                     self._probes[server.__ray_call__.remote(engine_failure)] = (replica, server)
+        self._read(timeout_s=0)
+
+    def name_a_dead_engine(self, timeout_s: float) -> None:
+        """After a generation or sync failed: ask every server afresh, wait up to ``timeout_s`` for the answers, and
+        raise ``RolloutEngineDiedError`` if an engine died (an answer asked before the failure may predate it)."""
+        self._probes = {
+            server.__ray_call__.remote(engine_failure): (replica, server)
+            for replica in list(self._replicas())
+            for server in replica.servers
+        }
+        self._read(timeout_s)
+
+    def _read(self, timeout_s: float) -> None:
         if not self._probes:
             return
-        answered, _ = ray.wait(list(self._probes), num_returns=len(self._probes), timeout=wait_s)
+        answered, _ = ray.wait(list(self._probes), num_returns=len(self._probes), timeout=timeout_s)
         for probe in answered:
             replica, server = self._probes.pop(probe)
             try:

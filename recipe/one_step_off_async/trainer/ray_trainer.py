@@ -425,7 +425,7 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
             if lost is not None:
                 raise lost from error
             # Raises RolloutEngineDiedError naming a dead engine, with the error as its context.
-            self.engine_watch.check(wait_s=ENGINE_ANSWER_S)
+            self.engine_watch.name_a_dead_engine(timeout_s=ENGINE_ANSWER_S)
             raise
 
     def _fit_collect_metrics(self, batch: DataProto) -> None:
