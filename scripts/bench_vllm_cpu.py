@@ -7,9 +7,10 @@ long-tail task), and reads each run's per-step metrics (verl's ``file`` logger).
 
 - steps per minute (wall clock from the first steady step's start to the last one's sync end) and the mean
   split of a step: ``wait`` (the actor idles for its batch), ``train`` and ``sync``;
-- ``gen``: a batch's generation wall time, and the response tokens it sampled per second of it (both
-  engines; the hf server's busy-time counters have no vLLM counterpart while verl starts vLLM with its stats
-  off);
+- ``gen``: a batch's generation wall time, and the response tokens it sampled per second of it (both engines);
+- ``occupancy``: the engines' slot occupancy (``rollout/slot_occupancy``, from the hf server's counters and from
+  vLLM's scheduler statistics), and ``busy_tok_s``, tokens per second of engine busy time (hf only: vLLM keeps
+  no busy time; ``nan`` for it);
 - ``step1_s``: step 1, whose wait holds the first batch's generation (the engine's warm-up), and ``launch_s``: the
   whole launch, start-up and teardown included;
 
@@ -24,6 +25,7 @@ How (from the repository root, with the project's virtualenv active and vLLM's C
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -47,6 +49,8 @@ def summarize(by_step: dict[int, dict], warmup: int, launch_s: float) -> dict[st
     wall = steady[-1]["timeline/sync_end"] - steady[0]["timeline/step_start"]
     mean = lambda key: statistics.fmean(m[key] for m in steady)  # noqa: E731
     tokens = [response_tokens(m) for m in steady]
+    slot_steps = sum(m["rollout/slot_steps"] for m in steady)
+    busy_s = sum(m.get("rollout/busy_s", math.nan) for m in steady)
     return {
         "steps_per_min": 60 * len(steady) / wall,
         "wait_s": mean("timing_s/wait_prev_gen"),
@@ -54,6 +58,8 @@ def summarize(by_step: dict[int, dict], warmup: int, launch_s: float) -> dict[st
         "sync_s": mean("timing_s/sync_weights"),
         "gen_s": mean("timing_s/gen"),
         "gen_tokens_per_s": sum(tokens) / sum(m["timing_s/gen"] for m in steady),
+        "occupancy": sum(m["rollout/slot_occupancy"] * m["rollout/slot_steps"] for m in steady) / slot_steps,
+        "busy_tok_s": sum(m["rollout/tokens"] for m in steady) / busy_s,
         "step1_s": by_step[1]["timing_s/step"],
         "launch_s": launch_s,
     }
@@ -85,7 +91,18 @@ def main() -> None:
                 )
                 launch_s = time.monotonic() - started
                 results.setdefault((profile, engine), []).append(summarize(by_step, args.warmup, launch_s))
-    keys = ("steps_per_min", "wait_s", "train_s", "sync_s", "gen_s", "gen_tokens_per_s", "step1_s", "launch_s")
+    keys = (
+        "steps_per_min",
+        "wait_s",
+        "train_s",
+        "sync_s",
+        "gen_s",
+        "gen_tokens_per_s",
+        "occupancy",
+        "busy_tok_s",
+        "step1_s",
+        "launch_s",
+    )
     print(f"{'profile':32} {'engine':6} " + " ".join(f"{key:>16}" for key in keys))
     for profile in args.profiles:
         medians = {}

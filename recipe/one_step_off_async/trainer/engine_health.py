@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from recipe.one_step_off_async.errors import RolloutEngineDiedError
 
@@ -83,6 +83,9 @@ class EngineWatch:
                 if self._elastic:
                     continue  # the elastic pool finds its lost actors itself
                 failure = f"its server actor died ({type(error).__name__})"
+            except RayError:  # the probe itself failed: no answer, and not the run's error to replace
+                _log.warning("Asking %s whether its engine lives failed", server, exc_info=True)
+                continue
             if failure is not None:
                 self._dead(replica, server, failure)
 

@@ -9,18 +9,56 @@ and its ``max_num_seqs``) is read once per step; the differences give, over the 
 - ``rollout/busy_s``: engine busy seconds, summed over servers; ``rollout/tokens``, ``rollout/slot_steps``
   and ``rollout/prefill_tokens``: the sums behind them, so a reader can aggregate over many steps.
 
-Servers without the method (vLLM, SGLang) are skipped: no metric rather than a made-up one; so is a
-server whose process died or that does not answer within ``READ_TIMEOUT_S`` (the read never holds up
-the trainer for longer).
+A vLLM server has no such method; its engine's own scheduler statistics, the Prometheus counters vLLM keeps in
+the server's process when ``rollout.disable_log_stats=false`` (the CPU profiles set it), give the same counters
+(``vllm_engine_counters``): engine steps (``vllm:iteration_tokens_total``, one observation per engine step),
+rows and tokens (``vllm:generation_tokens``: each running request samples one token per step) and prefill
+(``vllm:prompt_tokens`` less ``vllm:prompt_tokens_cached``: the prompt tokens computed, a resumed request's prefix
+again). vLLM has no engine busy time, so with a vLLM server in the pool ``rollout/busy_*`` is left out.
+
+A server that reports none of these (SGLang, vLLM with its stats off) is skipped: no metric rather than a made-up
+one; so is a server whose process died or that does not answer within ``READ_TIMEOUT_S`` (the read never holds
+up the trainer for longer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import ray
 
 COUNTERS = ("steps", "rows", "tokens", "prefill_tokens", "busy_s")
+# vLLM's Prometheus samples behind each counter (summed over their labels), and those subtracted from it.
+VLLM_SAMPLES = {
+    "steps": (("vllm:iteration_tokens_total_count",), ()),
+    "rows": (("vllm:generation_tokens_total",), ()),
+    "tokens": (("vllm:generation_tokens_total",), ()),
+    "prefill_tokens": (("vllm:prompt_tokens_total",), ("vllm:prompt_tokens_cached_total",)),
+}
+
+
+def vllm_engine_counters(server: Any, registry: Any = None) -> dict[str, float] | None:
+    """Run inside a vLLM server actor: its engine's cumulative counters, as the ``hf`` server's ``engine_stats``
+    gives them (less ``busy_s``), or None when vLLM keeps no statistics there (``disable_log_stats``).
+
+    ``registry``: the Prometheus registry vLLM's stat logger writes to, by default the process's own."""
+    from prometheus_client import REGISTRY
+
+    samples: dict[str, float] = {}
+    for metric in (registry or REGISTRY).collect():
+        for sample in metric.samples:
+            if sample.name.startswith("vllm:"):
+                samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    if "vllm:iteration_tokens_total_count" not in samples:
+        return None
+    counters = {
+        key: sum(samples.get(name, 0.0) for name in added) - sum(samples.get(name, 0.0) for name in subtracted)
+        for key, (added, subtracted) in VLLM_SAMPLES.items()
+    }
+    return counters | {"max_num_seqs": server.config.max_num_seqs}
+
+
 # The servers answer between two engine steps (milliseconds); a server silent this long is left out of the
 # step's metrics rather than let the trainer wait on it (the elastic pool's probe deals with hung replicas).
 READ_TIMEOUT_S = 10.0
@@ -34,33 +72,48 @@ class EngineStatsReader:
         self._last: dict[ray.actor.ActorHandle, dict[str, float]] = {}
 
     def metrics(self) -> dict[str, float]:
-        readers = [(h, method) for h in self._servers() if (method := getattr(h, "engine_stats", None)) is not None]
-        if not readers:
+        handles, refs = [], []
+        for handle in self._servers():
+            if (method := getattr(handle, "engine_stats", None)) is not None:
+                refs.append(method.remote())
+            elif (call := getattr(handle, "__ray_call__", None)) is not None:  # a Ray actor of another engine
+                refs.append(call.remote(vllm_engine_counters))
+            else:
+                continue
+            handles.append(handle)
+        if not refs:
             return {}
-        refs = [method.remote() for _, method in readers]
         answered, _ = ray.wait(refs, num_returns=len(refs), timeout=READ_TIMEOUT_S)
         total = dict.fromkeys(COUNTERS, 0.0)
-        slot_steps = 0.0
+        slot_steps, reported, busy_known = 0.0, False, True
         last, self._last = self._last, {}  # handles of replicas gone from the pool are forgotten
-        for (handle, _), ref in zip(readers, refs, strict=True):
-            before = last.get(handle, dict.fromkeys(COUNTERS, 0.0))
+        for handle, ref in zip(handles, refs, strict=True):
+            before = last.get(handle)
             if ref not in answered:  # busy past the bound: its work counts in the next step it answers
-                self._last[handle] = before
+                if before is not None:
+                    self._last[handle] = before
                 continue
             try:
                 now = ray.get(ref)
-            except ray.exceptions.RayActorError:  # a replica lost this step: the elastic pool deals with it
+            except ray.exceptions.RayError:  # a replica lost this step (the elastic pool deals with it), no stats
                 continue
-            delta = {key: now[key] - before[key] for key in COUNTERS}
+            if now is None:
+                continue
+            before = before or dict.fromkeys(now, 0.0)
+            reported, busy_known = True, busy_known and "busy_s" in now
             for key in COUNTERS:
-                total[key] += delta[key]
-            slot_steps += delta["steps"] * now["max_num_seqs"]
+                total[key] += now.get(key, 0.0) - before.get(key, 0.0)
+            slot_steps += (now["steps"] - before["steps"]) * now["max_num_seqs"]
             self._last[handle] = now
-        return {
+        if not reported:
+            return {}
+        metrics = {
             "rollout/slot_occupancy": total["rows"] / slot_steps if slot_steps else 0.0,
-            "rollout/busy_tokens_per_s": total["tokens"] / total["busy_s"] if total["busy_s"] else 0.0,
-            "rollout/busy_s": total["busy_s"],
             "rollout/tokens": total["tokens"],
             "rollout/slot_steps": slot_steps,  # engine steps x max_num_seqs: occupancy's denominator
             "rollout/prefill_tokens": total["prefill_tokens"],
         }
+        if busy_known:
+            metrics["rollout/busy_tokens_per_s"] = total["tokens"] / total["busy_s"] if total["busy_s"] else 0.0
+            metrics["rollout/busy_s"] = total["busy_s"]
+        return metrics

@@ -42,7 +42,7 @@ from verl.trainer.ppo.utils import Role
 from verl.utils.debug import marked_timer
 
 from recipe.one_step_off_async.async_config import validate_config
-from recipe.one_step_off_async.errors import CheckpointError
+from recipe.one_step_off_async.errors import CheckpointError, RolloutEngineDiedError
 from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
 from recipe.one_step_off_async.trainer.checks import (
     check_correction_inputs,
@@ -420,6 +420,8 @@ class OneStepOffRayTrainer(SeparateRayPPOTrainer):
         engine died, fails by that name."""
         try:
             yield
+        except RolloutEngineDiedError:
+            raise  # the engine watch named it already
         except Exception as error:
             lost = self.rollout_pool.explain_failure(step)
             if lost is not None:
