@@ -46,7 +46,7 @@ ONE_STEP_OFF_LOSS = "topr"  # the shared run (conftest.one_step_off_run, test_e2
 RESUME_LOSS = "kimi15"  # the resume chain (test_e2e_faults_on_cpu.py)
 KILL_RUN_LOSS, JOIN_RUN_LOSS = "reinforce", "tis_pg"  # test_e2e_elastic_on_cpu.py
 # verl's advantage estimators beyond GRPO (every other run) and GAE (test_e2e_trainer_features_on_cpu.py), one
-# per run; the support matrix in docs/advance/one_step_off_async.md names these runs.
+# per run; the support matrix (docs/advance/one_step_off_async/support_matrix.md) names these runs.
 RESUME_ESTIMATOR = "rloo"  # the resume chain
 KILL_RUN_ESTIMATOR = "reinforce_plus_plus"  # the elastic run of staleness 0
 
@@ -80,9 +80,11 @@ def loss_overrides(loss: str) -> tuple[str, ...]:
     return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0])
 
 
-def contract_version(step: int, staleness: int, interval: int, start: int = 0) -> int:
-    """The documented contract with no validation in between: floor((k-1-s)/N)*N, at least the start."""
-    return max(start, (step - 1 - staleness) // interval * interval)
+def contract_version(step: int, staleness: int, interval: int, start: int = 0, critic_warmup: int = 0) -> int:
+    """The documented contract with no validation in between: floor((k-1-s)/N)*N, at least the start; during the
+    critic's warm-up (steps before ``critic_warmup``) nothing is synced."""
+    version = (step - 1 - staleness) // interval * interval
+    return version if version >= max(start, critic_warmup) else start
 
 
 # verl's dapo reward manager around the demo's reward function (on the shared run): responses longer than 4 of

@@ -19,11 +19,11 @@ import torch
 from hydra import compose, initialize_config_module
 from torch.utils.data import Dataset
 from verl import DataProto
-from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
+from recipe.one_step_off_async.trainer.step_metrics import job_resource_pool_manager
 
 PROMPT_LEN, RESPONSE_LEN = 4, 3
 LAUNCH_VERSION = "stub_launch_version"  # the rollout's weight version when the trainer launched the batch
@@ -230,7 +230,7 @@ def compose_config(*overrides: str):
 
 def build_trainer(config, log: EventLog, rollout: StubRollout, sync: StubWeightSync, dataset_size: int = 16):
     role_worker_mapping = {Role.ActorRollout: object}
-    pools = ResourcePoolManager(resource_pool_spec={"trainer_pool": [2]}, mapping={Role.ActorRollout: "trainer_pool"})
+    pools = job_resource_pool_manager(config, role_worker_mapping, one_gpu=False)  # trainer_pool: [2]
     dataset = PromptDataset(dataset_size)
     trainer = StubbedTrainer(
         config,

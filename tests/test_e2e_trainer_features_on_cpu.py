@@ -9,8 +9,8 @@ step 2), a KL loss against the reference policy (``actor.use_kl_loss``) and a KL
 tiny classifier, served on a pool of its own by the ``hf`` backend's ``/classify`` and called by verl's
 reward loop), dynamic batch sizes (actor, reference, rollout log-probs), the tensorboard tracker,
 validation generations logged to it, and a checkpoint that also holds the actor in Hugging Face format
-(``checkpoint.save_contents``). The rows of the support matrix (docs/advance/one_step_off_async.md) for
-these features name this test.
+(``checkpoint.save_contents``). The rows of the support matrix (docs/advance/one_step_off_async/support_matrix.md)
+for these features name this test.
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ def test_ppo_with_a_critic_and_kl_trains_on_the_pipeline(ppo_run):
             assert math.isfinite(values[key]), f"step {step} {key}"
         # KL in reward: the penalty is computed against the reference every step.
         assert "actor/reward_kl_penalty" in values, f"step {step}"
-        # The pipeline's contract holds with the extra workers on the training pool.
-        assert values["async/weight_version"] == contract_version(step, 1, 1)
+        # The pipeline's contract holds with the extra workers on the training pool; before the actor's first
+        # update (the critic's warm-up) its weights are v0's and no sync pushes them (the batch of step 3 is v0's).
+        assert values["async/weight_version"] == contract_version(step, 1, 1, critic_warmup=CRITIC_WARMUP)
+        assert values["async/synced"] == float(step >= CRITIC_WARMUP), f"step {step}"
         if step < CRITIC_WARMUP:
             assert "actor/pg_loss" not in values, f"step {step}: the actor updated during the critic's warm-up"
         else:

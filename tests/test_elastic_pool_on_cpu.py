@@ -8,6 +8,7 @@ against real server actors that die. The end-to-end runs are in ``test_elastic_o
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -364,6 +365,17 @@ def test_a_replica_up_and_waiting_for_its_first_sync_counts_toward_min_replicas(
     assert list(h.pool.live) == ["hf://replica-1"] and h.balanced() == ["hf://replica-1"]
 
 
+def test_the_elastic_pool_has_every_step_hook_the_trainer_calls():
+    """The trainer calls its rollout pool through ``trainer/hooks.py``; the elastic layer cannot import it."""
+    from recipe.one_step_off_async.trainer.hooks import StepHooks
+
+    hooks = [name for name, hook in vars(StepHooks).items() if callable(hook) and not name.startswith("_")]
+    assert len(hooks) == 8
+    for name in hooks:
+        expected = list(inspect.signature(getattr(StepHooks, name)).parameters)
+        assert list(inspect.signature(getattr(ElasticRolloutPool, name)).parameters) == expected, name
+
+
 def test_batch_metrics_count_the_requests_each_replica_served_and_those_regenerated(cpu_ray):
     h = Harness(cpu_ray)
     output = DataProto.from_dict(
@@ -372,7 +384,7 @@ def test_batch_metrics_count_the_requests_each_replica_served_and_those_regenera
             REGENERATED: np.array([0, 1, 2, 0], dtype=object),
         }
     )
-    assert h.pool.batch_metrics(output) == {
+    assert h.pool.batch_metrics(1, output) == {
         "async/replica_requests/0": 3.0,
         "async/replica_requests/1": 1.0,
         "async/regenerated_requests": 2.0,

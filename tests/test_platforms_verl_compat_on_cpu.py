@@ -44,6 +44,10 @@ def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules()
         print(get_device_name(), get_nccl_backend(), get_resource_name(), get_device_id(),
               type(get_platform()).__name__, get_torch_device().max_memory_allocated(),
               distributed.initialize_global_process_group_ray.__defaults__)
+        import sys
+        from verl.checkpoint_engine import CheckpointEngineRegistry
+        # The recipe's engines are registered; verl's Ascend engine, and the vLLM it imports, are not loaded.
+        print(sorted({"gloo", "checkpoint"} & set(CheckpointEngineRegistry._registry)), "vllm" in sys.modules)
         """
     )
     out = subprocess.run(
@@ -53,7 +57,23 @@ def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules()
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[-2] == "cpu gloo CPU cpu PlatformCPU 0 (None, 'gloo')"
+    assert out.stdout.split("\n")[-3:-1] == [
+        "cpu gloo CPU cpu PlatformCPU 0 (None, 'gloo')",
+        "['checkpoint', 'gloo'] False",
+    ]
+
+
+def test_verl_still_imports_its_ascend_checkpoint_engine_and_vllm_with_it_as_an_optional_engine():
+    """Why ``verl_patches.skip_the_ascend_checkpoint_engine`` exists and why skipping it is safe: verl imports the
+    engine in a ``try`` that records an ``ImportError``, and the engine imports vLLM's distributed utilities."""
+    from verl import checkpoint_engine
+
+    package = inspect.getsource(checkpoint_engine)
+    assert "from .hccl_checkpoint_engine import HCCLCheckpointEngine" in package
+    assert 'CheckpointEngineRegistry.record_import_error("hccl_checkpoint_engine", e)' in package
+    engine = Path(checkpoint_engine.__file__).with_name("hccl_checkpoint_engine.py").read_text()
+    assert "from vllm.distributed.utils import StatelessProcessGroup" in engine
+    assert f"{checkpoint_engine.__name__}.hccl_checkpoint_engine" == verl_patches.ASCEND_CHECKPOINT_ENGINE
 
 
 def test_without_the_env_verl_keeps_its_own_platform_and_is_not_patched():
@@ -425,6 +445,36 @@ def test_separation_trainer_starts_the_actor_workers_before_the_rollout_it_leave
     assert "LLMServerManager" not in inspect.getsource(SeparateRayPPOTrainer)  # the rollout is the subclass's
     # Called from the start-up thread, which has no event loop: verl's auto_await runs it with asyncio.run.
     assert "asyncio.run(coro)" in inspect.getsource(inspect.getmodule(LLMServerManager.create).auto_await)
+
+
+def test_the_sync_schedule_reads_verls_own_validation_checkpoint_and_warm_up_conditions():
+    """``trainer/schedule.py`` predicts verl's ``_fit_validate`` and ``_fit_save_checkpoint`` (less the ESI-expiry
+    save) and follows verl's critic warm-up guard; a change in verl's conditions would break the version contract."""
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+
+    validate = inspect.getsource(SeparateRayPPOTrainer._fit_validate)
+    assert "self.config.trainer.test_freq > 0 and (" in validate
+    assert "self.is_last_step or self.global_steps % self.config.trainer.test_freq == 0" in validate
+    save = inspect.getsource(SeparateRayPPOTrainer._fit_save_checkpoint)
+    assert "self.config.trainer.save_freq > 0 and (" in save
+    assert "self.global_steps % self.config.trainer.save_freq == 0 or esi_close_to_expiration" in save
+    for guarded in (SeparateRayPPOTrainer._fit_update_actor, SeparateRayPPOTrainer._fit_update_weights):
+        assert "if self.config.trainer.critic_warmup <= self.global_steps:" in inspect.getsource(guarded)
+
+
+def test_throughput_is_verls_only_reader_of_the_device_count():
+    """``step_metrics.JobResourcePoolManager`` answers ``get_n_gpus()`` with the whole job's devices: right only while
+    verl's separation trainer reads it for ``perf/throughput`` alone."""
+    from verl.experimental.separation import ray_trainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    assert inspect.getsource(ray_trainer).count("get_n_gpus()") == 1
+    # RayPPOTrainer reads it in its own fit() only, which the separation trainer replaces.
+    legacy = inspect.getsource(RayPPOTrainer).replace(inspect.getsource(RayPPOTrainer.fit), "")
+    assert "get_n_gpus()" not in legacy and "fit" in vars(ray_trainer.SeparateRayPPOTrainer)
+    collect = inspect.getsource(ray_trainer.SeparateRayPPOTrainer._fit_collect_metrics)
+    assert "compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus)" in collect
+    assert "n_gpus = self.resource_pool_manager.get_n_gpus()" in collect
 
 
 def test_separation_trainer_still_builds_a_legacy_reward_model_worker_group():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -190,6 +191,19 @@ def test_validation_steps_sync_even_between_intervals():
     assert [m["async/weight_version"] for m in trainer.logged_metrics] == [0, 0, 0, 0, 3, 4]  # last sync <= k-2
 
 
+def test_during_the_critics_warm_up_the_unchanged_weights_are_not_pushed_but_on_validation_steps():
+    """verl's guard (``_fit_update_weights``): before step ``critic_warmup`` the actor does not update, so its weights
+    are v_0's and no sync pushes them; a validation step still syncs, so that it evaluates v_k by its version."""
+    trainer, log = run(1, 6, "trainer.critic_warmup=3", "trainer.test_freq=2")
+
+    assert [u[1] for u in log.of("update")] == [3, 4, 5, 6]  # verl's warm-up: the actor trains from step 3
+    assert [s[1] for s in log.of("sync")] == [0, 2, 3, 4, 5, 6]  # step 1 pushes nothing; 2 validates
+    assert [m["async/synced"] for m in trainer.logged_metrics] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert trainer.logged_metrics[0]["timing_s/sync_weights"] == 0.0
+    # The batch of step k carries the last version synced at or before step k-2: none at step 1.
+    assert [m["async/weight_version"] for m in trainer.logged_metrics] == [0, 0, 0, 2, 3, 4]
+
+
 def test_checkpoint_steps_sync_so_the_rollout_holds_the_saved_version():
     trainer, log = run(1, 6, "async_training.sync_interval=4", "trainer.save_freq=3")
 
@@ -238,6 +252,29 @@ def test_a_first_weight_sync_that_never_returns_fails_within_the_sync_timeout():
 def test_missing_rollout_log_probs_fail_the_step_instead_of_skipping_the_correction():
     with pytest.raises(OffPolicyCorrectionError, match="no rollout_log_probs for the batch of step 1"):
         run(staleness=1, log_probs=False)
+
+
+def test_the_trainer_parses_the_config_the_launch_check_validated_without_checking_it_again():
+    """The launch check ran before Ray (launch.prepare_config); a second run in the trainer printed its warnings twice."""
+    from recipe.one_step_off_async.async_config import AsyncTrainingConfig, validate_config
+
+    config = compose_config(
+        "async_training.staleness=2",
+        "reward.reward_model.enable=true",
+        "reward.reward_model.model_path=unused",
+        "reward.reward_model.rollout.name=vllm",
+        "reward.reward_model.nnodes=1",
+        "reward.custom_reward_function.path=unused.py",
+    )
+    with pytest.warns(UserWarning, match="verl scores with the function"):
+        validated = validate_config(config)
+    log = EventLog()
+    rollout = StubRollout(log)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
+    assert not [w for w in caught if "verl scores with the function" in str(w.message)]
+    assert trainer.async_config == validated == AsyncTrainingConfig(staleness=2)
 
 
 def test_throughput_counts_the_devices_of_both_pools():
@@ -371,12 +408,12 @@ def test_a_replica_that_fails_to_start_fails_the_start_up_with_its_error(monkeyp
 
     trainer = start_up(monkeypatch, False, create_replicas, lambda: None)
     with pytest.raises(RuntimeError, match="not enough memory for the KV cache"):
-        trainer._started_rollout_servers()
+        trainer.replica_start.servers()
 
 
 def test_on_one_gpu_the_replicas_start_after_the_actor_as_in_verl(monkeypatch):
     events = []
     trainer = start_up(monkeypatch, True, lambda: events.append("replicas"), lambda: events.append("actor"))
     assert events == ["actor"]
-    trainer._started_rollout_servers()
+    trainer.replica_start.servers()
     assert events == ["actor", "replicas"]

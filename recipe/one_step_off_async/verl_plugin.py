@@ -23,12 +23,17 @@ import importlib.util
 import os
 
 from omegaconf import DictConfig, OmegaConf
-from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from recipe.one_step_off_async import losses  # noqa: F401  (registers the losses)
-from recipe.one_step_off_async.platforms import cpu, one_gpu, verl_patches
-from recipe.one_step_off_async.rollout import hf
-from recipe.one_step_off_async.weight_sync import files, gloo  # noqa: F401  (register the engines)
+from recipe.one_step_off_async.platforms import verl_patches
+
+verl_patches.skip_the_ascend_checkpoint_engine()  # before anything imports verl's checkpoint engines
+
+from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
+
+from recipe.one_step_off_async import losses  # noqa: E402, F401  (registers the losses)
+from recipe.one_step_off_async.platforms import cpu, one_gpu  # noqa: E402
+from recipe.one_step_off_async.rollout import hf  # noqa: E402
+from recipe.one_step_off_async.weight_sync import files, gloo  # noqa: E402, F401  (register the engines)
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 

@@ -21,7 +21,8 @@ trainer's bookkeeping over both, applied only where the pipeline allows it:
   what still runs there is aborted first and continues on the other replicas).
 
 Everything runs on the trainer's thread between steps, except the background starts, which only
-build a replica and hand it back.
+build a replica and hand it back. The pool has the trainer's step hooks (``trainer/hooks.py``: the trainer's layer
+is above this one, so the pool matches them by name and ``tests/test_elastic_pool_on_cpu.py`` checks it).
 """
 
 from __future__ import annotations
@@ -276,7 +277,7 @@ class ElasticRolloutPool:
 
     # ------------------------------------------------------------------ metrics and status
 
-    def batch_metrics(self, output: DataProto) -> dict[str, float]:
+    def batch_metrics(self, step: int, output: DataProto) -> dict[str, float]:
         """Requests per replica and regenerated requests in one generated batch."""
         metrics: dict[str, float] = {}
         served = output.non_tensor_batch.get(SERVED_BY)
@@ -312,6 +313,14 @@ class ElasticRolloutPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def how_to_scale(self, experiment: str) -> str:
+        """The line the trainer prints once the pool is up: how to add or remove replicas while the job runs."""
+        return (
+            f"[elastic] {len(self.live)} rollout replica(s). Add or remove replicas while it runs: "
+            "python -m recipe.one_step_off_async.scale --add 1 (or --remove 1, --status) --address "
+            f"{ray.get_runtime_context().gcs_address} --experiment {experiment}"
+        )
 
     # ------------------------------------------------------------------ internals
 

@@ -38,6 +38,11 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
   LoRA-merged weights a sync sends are cast to bf16, whatever the rollout's dtype (full weights keep
   theirs). The CPU rollout runs in fp32, so a LoRA run's rollout would sample from rounded weights
   (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the model's dtype.
+- ``verl/checkpoint_engine/__init__.py``: imports every optional engine, among them the Ascend one
+  (``hccl_checkpoint_engine``), which imports vLLM's ``vllm.distributed.utils``: about 3 s in every process that
+  imports verl's checkpoint engines (every worker) wherever vLLM is installed, for an engine that needs an NPU.
+  On CPU verl finds it unavailable, as it does where an engine's dependency is missing
+  (``skip_the_ascend_checkpoint_engine``, applied by the plugin before it imports the engines).
 """
 
 from __future__ import annotations
@@ -57,6 +62,17 @@ VERL_VERSION = "0.9.1"
 PLATFORM_ENV = "VERL_PLATFORM"  # verl's own variable: the platform every process resolves
 CPU_PLATFORM = "cpu"
 CPU_RAY_RESOURCE = "CPU"  # the Ray resource a CPU slot of a pool is
+
+
+ASCEND_CHECKPOINT_ENGINE = "verl.checkpoint_engine.hccl_checkpoint_engine"
+
+
+def skip_the_ascend_checkpoint_engine() -> None:
+    """On CPU (``VERL_PLATFORM=cpu``), make importing verl's Ascend checkpoint engine raise ``ImportError``, which
+    ``verl/checkpoint_engine/__init__.py`` records as an unavailable engine. Runs before that package is imported
+    (a no-op after, or on another platform)."""
+    if os.environ.get(PLATFORM_ENV, "").strip().lower() == CPU_PLATFORM:
+        sys.modules.setdefault(ASCEND_CHECKPOINT_ENGINE, None)
 
 
 def patch_distributed_backend_default() -> None:

@@ -8,14 +8,17 @@ it in when ``async_training.console=compact``, the default) and prints at most `
     step 12/60 | 0.48s: wait 0.10 train 0.35 sync 0.03 | gen 0.41s | staleness 1 | score 0.532 | val 0.610 | len 65
 
 Every metric still goes to the other configured loggers (file, wandb, ...);
-``async_training.console=verl`` brings verl's own console line back.
+``async_training.console=verl`` brings verl's own console line back. ``finish_trackers`` ends the run's trackers,
+which verl's ``fit()`` never does.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 
+_log = logging.getLogger(__name__)
 MAX_LINE_CHARS = 160
 # verl's validation metrics: val-core/<data source>/<reward key>/mean@<samples per prompt>
 _VALIDATION_MEAN = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<key>[^/]+)/mean@\d+$")
@@ -70,3 +73,27 @@ class CompactConsole:
 
     def finish(self) -> None:
         pass
+
+
+def with_compact_console(tracking, total_steps: int):
+    """verl's ``Tracking`` with ``CompactConsole`` as its console backend (when ``trainer.logger`` has one)."""
+    if tracking is not None and "console" in tracking.logger:
+        tracking.logger["console"] = CompactConsole(total_steps)
+    return tracking
+
+
+def finish_trackers(tracking, succeeded: bool) -> None:
+    """wandb & co. flush and mark the run finished (or failed): verl's ``fit()`` never finishes them, and the process
+    is killed before ``Tracking.__del__`` could. A tracker that cannot flush is logged, never raised: it must not
+    hide the run's own error."""
+    exit_code = 0 if succeeded else 1
+    try:
+        tracking.finish(exit_code=exit_code)
+        if "wandb" in tracking.logger:
+            import wandb
+
+            # Stop wandb's service process now: its atexit teardown would find it killed along with the
+            # actor and print a ConnectionResetError traceback after a clean run.
+            wandb.teardown(exit_code=exit_code)
+    except Exception:
+        _log.exception("Finishing the trackers of trainer.logger failed")

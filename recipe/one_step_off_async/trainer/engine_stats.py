@@ -28,6 +28,8 @@ from typing import Any
 
 import ray
 
+from recipe.one_step_off_async.trainer.hooks import StepHooks
+
 COUNTERS = ("steps", "rows", "tokens", "prefill_tokens", "busy_s")
 # vLLM's Prometheus samples behind each counter (summed over their labels), and those subtracted from it.
 VLLM_SAMPLES = {
@@ -64,8 +66,8 @@ def vllm_engine_counters(server: Any, registry: Any = None) -> dict[str, float] 
 READ_TIMEOUT_S = 10.0
 
 
-class EngineStatsReader:
-    """Differences of the servers' counters since the last ``metrics()`` call."""
+class EngineStatsReader(StepHooks):
+    """A trainer feature: differences of the servers' counters since the last ``metrics()`` call."""
 
     def __init__(self, servers: Callable[[], Iterable[ray.actor.ActorHandle]]) -> None:
         self._servers = servers

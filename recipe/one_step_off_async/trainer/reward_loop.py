@@ -18,6 +18,7 @@ they are created. ``tests/test_platforms_verl_compat_on_cpu.py`` notices when ve
 from __future__ import annotations
 
 import ray
+from omegaconf import DictConfig
 from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
 
 # The reward-model backends that serve vLLM's /classify: vLLM and the recipe's CPU backend (rollout.hf.ROLLOUT_NAME;
@@ -46,3 +47,12 @@ class OneStepOffRewardLoopManager(RewardLoopManager):
     def _init_reward_loop_workers(self) -> None:
         self.reward_loop_workers_class = ray.remote(OneStepOffRewardLoopWorker)
         super()._init_reward_loop_workers()
+
+
+def reward_source(reward: DictConfig) -> str:
+    """What scores the samples, for error messages (verl's reward loop: the function if one is set, else the model)."""
+    if reward.custom_reward_function.path is None and reward.reward_model.enable:
+        return f"reward model {reward.reward_model.model_path}"
+    return (
+        f"reward function {reward.custom_reward_function.path or 'verl default'}:{reward.custom_reward_function.name}"
+    )

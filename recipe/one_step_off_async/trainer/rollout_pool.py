@@ -1,40 +1,44 @@
 """The trainer's view of the rollout pool at step boundaries, and the fixed pool it uses by default.
 
-The trainer tells its rollout pool when a step boundary is reached, when the replicas are idle before a
-weight sync, and when the sync is done; the pool reports metrics and names a failure it caused. A
-fixed pool (the default) changes nothing: its replicas serve for the whole run and a lost one fails
-it. The elastic pool (``elastic/pool.py``, ``async_training.elastic.enable=true``) has the same methods
-and changes who serves at those boundaries.
+The rollout pool is one of the trainer's features (``trainer/hooks.py``): the trainer tells it when a step
+boundary is reached, when the replicas are idle before a weight sync, and when the sync is done; the pool
+reports metrics and names a failure it caused. A fixed pool (the default) changes nothing: its replicas serve
+for the whole run and a lost one fails it. The elastic pool (``elastic/pool.py``,
+``async_training.elastic.enable=true``) has the same hooks and changes who serves at those boundaries.
 """
 
 from __future__ import annotations
 
-from verl import DataProto
+from typing import Any
+
+from recipe.one_step_off_async.async_config import AsyncTrainingConfig
+from recipe.one_step_off_async.trainer.hooks import StepHooks
 
 
-class FixedRolloutPool:
-    """The replicas verl started serve until the run ends; nothing to apply at step boundaries."""
+class FixedRolloutPool(StepHooks):
+    """The replicas verl started serve until the run ends: nothing to apply at step boundaries, every hook a no-op."""
 
-    def poll(self, step: int) -> None:
-        pass
 
-    def before_sync(self, step: int) -> None:
-        pass
+def rollout_pool(
+    async_config: AsyncTrainingConfig,
+    llm_server_manager: Any,
+    checkpoint_manager: Any,
+    controller: Any,
+    experiment: str,
+) -> StepHooks:
+    """The fixed pool, or the elastic one over verl's started replicas (printing how to scale it)."""
+    if not async_config.elastic.enable:
+        return FixedRolloutPool()
+    from verl.plugin.platform import get_platform
 
-    def after_sync(self, step: int) -> None:
-        pass
+    from recipe.one_step_off_async.elastic.pool import ElasticRolloutPool
 
-    def explain_failure(self, step: int) -> Exception | None:
-        return None
-
-    def batch_metrics(self, output: DataProto) -> dict[str, float]:
-        return {}
-
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-    def publish(self, step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    pool = ElasticRolloutPool(
+        async_config.elastic,
+        llm_server_manager,
+        checkpoint_manager,
+        controller,
+        device_resource=get_platform().ray_resource_name(),
+    )
+    print(pool.how_to_scale(experiment))
+    return pool

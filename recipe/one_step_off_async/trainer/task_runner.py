@@ -19,7 +19,6 @@ from recipe.one_step_off_async.errors import ConfigError
 @ray.remote(num_cpus=1)
 class OneStepOffTaskRunner:
     def run(self, config: DictConfig) -> None:
-        from verl.experimental.separation.utils import create_resource_pool_manager
         from verl.trainer.ppo.utils import (
             Role,
             create_rl_dataset,
@@ -33,6 +32,7 @@ class OneStepOffTaskRunner:
         from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
         from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
+        from recipe.one_step_off_async.trainer.step_metrics import job_resource_pool_manager
         from recipe.one_step_off_async.trainer.workers import OneStepOffActorRolloutRefWorker
 
         print(f"OneStepOffTaskRunner pid {os.getpid()}")
@@ -66,7 +66,7 @@ class OneStepOffTaskRunner:
             config,
             model_config.tokenizer,
             role_worker_mapping,
-            create_resource_pool_manager(config, role_worker_mapping.keys()),
+            job_resource_pool_manager(config, role_worker_mapping, OmegaConf.select(config, "async_training.one_gpu")),
             processor=model_config.processor,
             train_dataset=datasets["train"],
             val_dataset=datasets["val"],

@@ -1,0 +1,127 @@
+"""verl's separation trainer set up for disjoint pools: construction, workers, replicas, reward loop, trackers.
+
+``DisjointPoolsTrainer`` is verl 0.9.1's ``SeparateRayPPOTrainer`` (``verl/experimental/separation/
+ray_trainer.py``) with its construction and start-up adapted; it changes nothing of the step (the overlap is
+``trainer/ray_trainer.py``). Where an override works around verl, it names the verl code;
+``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes that code, so an upgrade cannot silently
+make a work-around wrong or unneeded.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+from verl.single_controller.ray import RayClassWithInitArgs
+from verl.trainer.ppo.utils import Role
+
+from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
+from recipe.one_step_off_async.trainer.clients import rollout_client
+from recipe.one_step_off_async.trainer.console import with_compact_console
+from recipe.one_step_off_async.trainer.replica_start import ReplicaStart
+
+
+class DisjointPoolsTrainer(SeparateRayPPOTrainer):
+    """verl's separation trainer with an actor-only worker group, replicas started with it, a GAE critic, a reward
+    model's pool and the recipe's console line. Subclasses set ``async_config`` and ``pool_controller``."""
+
+    def __init__(self, config: DictConfig, *args, **kwargs) -> None:
+        # verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.__init__ asserts hybrid_engine; the rollout is on its own pool.
+        with hybrid_engine_assert_disabled(config):
+            super().__init__(config, *args, **kwargs)
+
+    def _create_actor_rollout_classes(self) -> None:
+        """The policy worker group runs the actor only (``role="actor"``); the rollout replicas have a pool of their own.
+
+        verl's step code addresses the actor as ``Role.ActorRollout``, so the group is registered under that role.
+        """
+        pool = self.resource_pool_manager.get_resource_pool(Role.ActorRollout)
+        actor_cls = RayClassWithInitArgs(
+            cls=self.role_worker_mapping[Role.ActorRollout], config=self.config.actor_rollout_ref, role="actor"
+        )
+        self.resource_pool_to_cls[pool][str(Role.ActorRollout)] = actor_cls
+
+    def _create_critic_class(self) -> None:
+        """The critic (GAE) as verl's ``RayPPOTrainer.init_workers`` builds it, on the training pool.
+
+        Works around ``_create_critic_class`` of the separation trainer, which reads ``critic.model.fsdp_config``
+        (gone from ``HFModelConfig``: ``AttributeError``) and refuses ``fsdp2``; the FSDP engine settings are
+        ``critic.engine``, the critic's ``fsdp`` section.
+        """
+        if not self.use_critic:
+            return
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.engine_workers import TrainingWorkerConfig
+
+        critic = self.orig_critic_cfg = omega_conf_to_dataclass(self.config.critic)  # verl's value loss reads it
+        engine = critic.engine
+        engine.infer_max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+        engine.max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+        profiler = self.config.critic.get("profiler")
+        worker_config = TrainingWorkerConfig(
+            model_type="value_model",
+            model_config=critic.model,
+            engine_config=engine,
+            optimizer_config=critic.optim,
+            checkpoint_config=critic.checkpoint,
+            profiler_config=omega_conf_to_dataclass(profiler) if profiler else None,
+            extra_context=getattr(self, "_critic_extra_context", {}),
+        )
+        pool = self.resource_pool_manager.get_resource_pool(Role.Critic)
+        self.resource_pool_to_cls[pool][str(Role.Critic)] = RayClassWithInitArgs(
+            cls=self.role_worker_mapping[Role.Critic], config=worker_config
+        )
+
+    def _create_reward_model_class(self) -> None:
+        """No worker group: the reward model is served by replicas that verl's ``RewardLoopManager`` starts.
+
+        Works around the separation trainer, which still builds a legacy reward-model worker group
+        (``role_worker_mapping[Role.RewardModel]``, a KeyError with verl's own separation mapping);
+        ``RayPPOTrainer.init_workers`` builds none.
+        """
+
+    def _init_models(self) -> None:
+        use_rm, self.use_rm = self.use_rm, False  # skip the legacy reward-model worker group (see above)
+        try:
+            super()._init_models()
+        finally:
+            self.use_rm = use_rm
+
+    def _init_reward_loop(self) -> None:
+        """verl's reward loop with the recipe's workers (``trainer/reward_loop.py``); a reward model gets a pool of its own.
+
+        The pool is ``reward.reward_model.n_gpus_per_node x nnodes`` devices outside the training and rollout pools,
+        one standalone replica per ``rollout`` world size of them. The reward loop's workers go to the agent loops
+        (``_init_async_rollout_manager``), so each sample is scored as soon as it is generated: the scoring is part
+        of generating a batch, which overlaps training, and the step only reads the scores (``rm_scores``).
+        """
+        from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopManager
+
+        self.reward_loop_manager = OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None)
+
+    def _init_worker_groups(self) -> None:
+        self.replica_start = ReplicaStart(self.config, overlap=not self.async_config.one_gpu)
+        self.replica_start.begin()  # on disjoint pools the replicas start while the actor's workers do (replica_start.py)
+        super()._init_worker_groups()
+
+    def _init_async_rollout_manager(self) -> None:
+        from recipe.one_step_off_async.trainer.agent_loops import agent_loop_manager_class
+
+        manager_class = agent_loop_manager_class(self.config)
+        self.llm_server_manager = self.replica_start.servers()
+        self.async_rollout_mode = True
+        client_cls, client_options = rollout_client(self.async_config, self.pool_controller)
+        self.async_rollout_manager = manager_class.create(
+            config=self.config,
+            llm_client=self.llm_server_manager.get_client(client_cls, **client_options),
+            reward_loop_worker_handles=self.reward_loop_manager.reward_loop_workers,
+        )
+
+    @property
+    def logger(self):
+        """verl's ``Tracking``, which ``fit()`` creates; its console backend is the recipe's compact line."""
+        return self._tracking
+
+    @logger.setter
+    def logger(self, tracking) -> None:
+        compact = self.async_config.console == "compact"
+        self._tracking = with_compact_console(tracking, self.total_training_steps) if compact else tracking
