@@ -11,14 +11,9 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from recipe.one_step_off_async.async_config import (
-    AsyncTrainingConfig,
-    ElasticConfig,
-    check_data_files,
-    check_model_modality,
-    validate_config,
-)
+from recipe.one_step_off_async.async_config import AsyncTrainingConfig, ElasticConfig, validate_config
 from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
+from recipe.one_step_off_async.preflight import check_data_files, check_model_modality
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -160,7 +155,10 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["algorithm.adv_estimator=remax"], r"adv_estimator=remax.*use algorithm.adv_estimator=grpo.*or gae"),
         (["algorithm.adv_estimator=gdpo"], r"adv_estimator=gdpo: GDPO needs per-component rewards"),
         (["algorithm.adv_estimator=optimal_token_baseline"], r"optimal_token_baseline: the optimal-token baseline"),
-        (["actor_rollout_ref.model.lora_rank=8"], r"lora_rank=8 with .*lora.merge=False: the weight sync would send"),
+        (
+            ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=false"],
+            r"lora_rank=8 with .*lora.merge=False: the weight sync would send.*Set actor_rollout_ref.model.lora.merge=true",
+        ),
         (
             ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"]
             + ["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"],
@@ -261,6 +259,29 @@ def test_every_problem_of_a_config_is_reported_at_once():
     )
 
 
+def test_every_bad_value_of_the_section_is_reported_at_once():
+    """The fields' checks walk the whole section, the elastic one too: an unknown key no longer hides the values."""
+    with pytest.raises(ConfigError) as caught:
+        validate_config(
+            compose_config(
+                "one_step_off_ppo_cpu",
+                "+async_training.stalenes=2",
+                "async_training.console=short",
+                "async_training.elastic.min_replicas=0",
+                "async_training.elastic.start_timeout_s=0",
+            )
+        )
+    assert [problem.split(" must be ")[0].split(";")[0] for problem in caught.value.problems] == [
+        "Unknown key(s) async_training.stalenes",
+        "async_training.console='short'",
+        "async_training.elastic.min_replicas=0",
+        "async_training.elastic.start_timeout_s=0",
+    ]
+    with pytest.raises(ConfigError) as caught:
+        ElasticConfig(min_replicas=0, max_replicas=0, silent_timeout_s="2m")
+    assert len(caught.value.problems) == 3
+
+
 def test_elastic_mode_parses_and_is_off_by_default():
     assert validate_config(compose_config("one_step_off_ppo_cpu")).elastic == ElasticConfig(enable=False)
     parsed = validate_config(
@@ -349,12 +370,12 @@ def test_entry_point_rejects_a_bad_config_before_ray_starts():
     assert time.monotonic() - started < 60
 
 
-def test_lora_with_merged_syncs_passes():
-    validate_config(
-        compose_config(
-            "one_step_off_ppo_cpu", "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"
-        )
-    )
+@pytest.mark.parametrize("name", PRIMARY)
+def test_lora_rank_alone_passes_the_profiles_merge_the_adapters(name):
+    """Merged syncs are LoRA's one valid setting here, so the recipe's configs set lora.merge=true."""
+    config = compose_config(name, "actor_rollout_ref.model.lora_rank=8")
+    assert config.actor_rollout_ref.model.lora.merge is True
+    validate_config(config)
 
 
 @pytest.mark.usefixtures("demo_assets")

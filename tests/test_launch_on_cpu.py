@@ -110,6 +110,15 @@ def test_an_agent_loop_manager_the_trainer_would_not_run_fails_the_launch_before
     prepare_config(compose_cpu(f"+{key}={__name__}.{OwnAgentLoopManager.__name__}"))
 
 
+@pytest.mark.usefixtures("demo_assets")
+def test_lora_rank_alone_passes_the_launch_check_and_unmerged_lora_is_refused_with_its_fix():
+    """A rule with one valid value is a default of the recipe's configs (lora.merge=true), not a refusal."""
+    prepare_config(compose_cpu("actor_rollout_ref.model.lora_rank=8"))
+    key = "actor_rollout_ref.model.lora.merge"
+    with pytest.raises(LaunchProblems, match=re.escape(f"lora_rank=8 with {key}=False: ") + f".*Set {key}=true"):
+        prepare_config(compose_cpu("actor_rollout_ref.model.lora_rank=8", f"{key}=false"))
+
+
 def test_empty_dataset_fails_the_launch_before_ray_starts(tmp_path, demo_assets):
     empty = tmp_path / "empty.parquet"
     pd.read_parquet(demo_assets.train_file).iloc[:0].to_parquet(empty)

@@ -320,6 +320,26 @@ def test_bad_loss_config_names_the_key(overrides, message):
         launch.prepare_config(config)
 
 
+def test_every_problem_of_the_loss_keys_is_reported_at_once():
+    config = compose_config(
+        "actor_rollout_ref.actor.policy_loss.loss_mode=topr",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "+actor_rollout_ref.actor.policy_loss.kimi_tau=0.5",
+        "+actor_rollout_ref.actor.policy_loss.kimi15_tau=-0.1",
+        "+actor_rollout_ref.actor.policy_loss.topr_split=sign",
+        "+actor_rollout_ref.actor.policy_loss.tis_lower_bound=2",
+    )
+    with pytest.raises(ConfigError) as caught:
+        validate_policy_loss(config)
+    assert [problem.split("=")[0].split(";")[0] for problem in caught.value.problems] == [
+        "Unknown key(s) actor_rollout_ref.actor.policy_loss.kimi_tau",
+        "actor_rollout_ref.actor.policy_loss.topr_split",
+        "actor_rollout_ref.actor.policy_loss.kimi15_tau",
+        "actor_rollout_ref.actor.policy_loss.tis_lower_bound",  # is above tis_upper_bound
+        "actor_rollout_ref.actor.policy_loss.loss_mode",  # with bypass_mode
+    ]
+
+
 @pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
 def test_good_loss_config_validates(loss):
     config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}")

@@ -22,7 +22,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from recipe.one_step_off_async import preflight
-from recipe.one_step_off_async.async_config import COMPATIBLE_CHECKPOINT_ENGINES
+from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, ROLLOUT_BACKENDS
 from recipe.one_step_off_async.preflight import missing_backends, required_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,12 +215,11 @@ def test_cupy_that_is_installed_but_fails_to_import_is_named(monkeypatch):
 
 def test_every_backend_the_recipe_accepts_is_in_the_table_and_every_extra_exists():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert set(preflight.ROLLOUT_MODULES) == set(COMPATIBLE_CHECKPOINT_ENGINES)
-    engines = {engine for engines in COMPATIBLE_CHECKPOINT_ENGINES.values() for engine in engines}
-    assert engines <= set(preflight.CHECKPOINT_ENGINE_MODULES)
+    engines = {engine for backend in ROLLOUT_BACKENDS.values() for engine in backend.checkpoint_engines}
+    assert engines <= set(CHECKPOINT_ENGINES)
     for modules in (
-        *preflight.ROLLOUT_MODULES.values(),
-        *preflight.CHECKPOINT_ENGINE_MODULES.values(),
+        *(backend.modules for backend in ROLLOUT_BACKENDS.values()),
+        *(engine.modules for engine in CHECKPOINT_ENGINES.values()),
         *preflight.ATTENTION_MODULES.values(),
     ):
         assert set(modules) <= set(preflight.REQUIREMENTS)

@@ -1,8 +1,9 @@
-"""The support matrix of docs/advance/one_step_off_async.md is true: what it says is tested, refused, or GPU only.
+"""The support matrix (docs/advance/one_step_off_async/support_matrix.md) is true: tested, refused, or GPU only.
 
 - every ``tests/<file>.py::<test>`` it names exists;
 - every row says tested (naming a test), GPU only (saying whether it ran on a GPU) or refused;
-- every override of a refused row is refused by the launch check, before Ray starts, naming the key;
+- every override of a refused row is refused by the launch check, before Ray starts, naming the key, and a
+  row of the launch's rule tables (``async_config.RULES``, ``losses.RULES``) reads that key;
 - the estimators it marks "stub loop" run through the real trainer's step with stub workers (here).
 """
 
@@ -16,6 +17,7 @@ import pytest
 from e2e import main_until_ray
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 
+from recipe.one_step_off_async import async_config, losses
 from recipe.one_step_off_async.errors import LaunchProblems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,10 +25,9 @@ STATUSES = ("tested", "GPU only", "refused")
 
 
 def matrix_rows() -> list[tuple[str, str, str]]:
-    text = (ROOT / "docs" / "advance" / "one_step_off_async.md").read_text()
-    section = text.split("## Support matrix", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "advance" / "one_step_off_async" / "support_matrix.md").read_text()
     rows = []
-    for line in section.splitlines():
+    for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
         if line.startswith("| ") and len(cells) == 3 and cells[0] not in ("Feature", "---"):
             rows.append(tuple(cells))
@@ -74,6 +75,14 @@ def test_every_refused_override_is_refused_before_ray_naming_the_key(feature, ov
     assert any(problem.startswith(f"{key}=") for problem in caught.value.problems for key in keys), (
         caught.value.problems
     )
+
+
+def test_every_refused_row_is_a_rule_of_the_tables_the_launch_walks():
+    """A refusal is data the launch check walks, not a check written beside the tables: a rule reads the row's key."""
+    read = {key for rule in (*async_config.RULES, *losses.RULES) for key in rule.keys.values()}
+    assert REFUSED
+    for feature, overrides in REFUSED:
+        assert {override.lstrip("+").split("=")[0] for override in overrides} & read, feature
 
 
 STUB_LOOP_ESTIMATORS = [

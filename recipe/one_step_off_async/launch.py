@@ -8,9 +8,9 @@ above the trainer can import), resolve the config in the driver (built-in task p
 before workers start), check the data files, run verl's own config validation, verify the checkpoint a
 resume would load, and check that every backend the config selects is installed here.
 
-``check_launch`` runs all of them and collects what they find, so a launch reports every problem at once
-(``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback); a check that
-needs what an earlier one refused is listed as not checked. ``check_command_line`` does the same for a
+``check_launch`` runs all of them and collects what they find in one ``errors.Problems``, so a launch reports
+every problem at once (``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback);
+a check that needs what an earlier one refused is listed as not checked. ``check_command_line`` does the same for a
 command line Hydra cannot compose (an unknown key, a bad override): it composes without the overrides
 that fail, so their errors join the list of everything else.
 """
@@ -20,18 +20,17 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.async_config import check_data_files, check_model_modality, validate_config
-from recipe.one_step_off_async.errors import CheckpointError, ConfigError, LaunchProblems, NotOnThisMachine
+from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.errors import LaunchProblems, Problems
 from recipe.one_step_off_async.losses import validate_policy_loss
 from recipe.one_step_off_async.platforms import one_gpu
-from recipe.one_step_off_async.preflight import missing_backends, missing_devices
+from recipe.one_step_off_async.preflight import check_data_files, check_machine, check_model_modality
 from recipe.one_step_off_async.trainer.agent_loops import agent_loop_manager_class
 from recipe.one_step_off_async.trainer.resume import verify_resume_checkpoint
 
@@ -45,38 +44,12 @@ PROFILES = (
 )
 
 
-@dataclass
-class LaunchCheck:
-    """What ``check_launch`` found: problems of the config, things missing on this machine, checks not run."""
-
-    problems: list[str] = field(default_factory=list)
-    not_here: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-    def run(self, check: Callable[..., object], *args, **kwargs) -> None:
-        """Run one check, collecting the problems it finds."""
-        try:
-            check(*args, **kwargs)
-        except ConfigError as error:
-            (self.not_here if isinstance(error, NotOnThisMachine) else self.problems).extend(error.problems)
-            self.skipped.extend(error.skipped)
-        except CheckpointError as error:
-            self.problems.append(str(error))
-        except Exception as error:  # a value no check foresaw: report it with the rest, not as a traceback
-            self.problems.append(f"{check.__name__} could not check this config: {type(error).__name__}: {error}")
-
-    def error(self, *earlier: str) -> LaunchProblems | None:
-        """The launch's error (``earlier`` problems first), or None when nothing is wrong."""
-        problems = [*earlier, *self.problems, *self.not_here]
-        return LaunchProblems(problems, self.skipped) if problems else None
-
-
-def check_launch(config: DictConfig) -> LaunchCheck:
+def check_launch(config: DictConfig) -> Problems:
     """Validate, resolve and set up the platform, collecting every problem (``config`` is resolved in place)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config as verl_validate_config
 
-    check = LaunchCheck()
+    check = Problems()
     for notice in upgrade_module_paths(config):
         warnings.warn(notice, FutureWarning, stacklevel=3)
     check.run(validate_config, config)
@@ -90,7 +63,7 @@ def check_launch(config: DictConfig) -> LaunchCheck:
     try:
         OmegaConf.resolve(config)
     except Exception as error:  # an interpolation that does not resolve: ${oc.env:...}, a missing key
-        check.problems.append(f"The config does not resolve: {type(error).__name__}: {error}")
+        check.add(f"The config does not resolve: {type(error).__name__}: {error}")
         check.skipped += ["the data files", "verl's own validation of the config", "the checkpoint to resume from"]
     else:
         check.run(check_data_files, config)
@@ -105,17 +78,10 @@ def check_launch(config: DictConfig) -> LaunchCheck:
                     use_critic=need_critic(config),
                 )
             except Exception as error:  # verl asserts; its message names the keys
-                check.problems.append(f"verl's validation of the config: {type(error).__name__}: {error}")
+                check.add(f"verl's validation of the config: {type(error).__name__}: {error}")
         check.run(verify_resume_checkpoint, config)
-    check.run(_check_this_machine, config)
+    check.run(check_machine, config)
     return check
-
-
-def _check_this_machine(config: DictConfig) -> None:
-    """Raise ``NotOnThisMachine`` naming the devices and backends the config needs that this machine lacks."""
-    lines = missing_devices(config) + [f"Not installed on this machine: {line}" for line in missing_backends(config)]
-    if lines:
-        raise NotOnThisMachine(*lines)
 
 
 def prepare_config(config: DictConfig) -> None:

@@ -44,9 +44,12 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
+from recipe.one_step_off_async.errors import OffPolicyCorrectionError, Problems
+from recipe.one_step_off_async.schema import Check, Rule, Values, check_rules, field_problems
 
 LOSS_MODES = ("topr", "kimi15", "tis_pg", "reinforce")
+TOPR_SPLITS = ("score", "advantage")
+POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
 
 
 @dataclass
@@ -55,17 +58,21 @@ class OffPolicyLossConfig(PolicyLossConfig):
 
     topr_positive_weight: float = field(
         default=1.0,
-        metadata={"help": "topr: weight of the plain REINFORCE term of the positive samples (>= 0)."},
+        metadata={
+            "help": "topr: weight of the plain REINFORCE term of the positive samples (>= 0).",
+            "check": Check(at_least=0),
+        },
     )
     topr_negative_weight: float = field(
         default=1.0,
-        metadata={"help": "topr: weight of the tapered term of the other samples (>= 0)."},
+        metadata={"help": "topr: weight of the tapered term of the other samples (>= 0).", "check": Check(at_least=0)},
     )
     topr_split: str = field(
         default="score",
         metadata={
             "help": "topr: what makes a token positive. score: its sample's score > 0 (the paper's and ROLL's "
-            "split, by the reward); advantage: the token's own advantage > 0 (the same for binary GRPO rewards)."
+            "split, by the reward); advantage: the token's own advantage > 0 (the same for binary GRPO rewards).",
+            "check": Check(choices=TOPR_SPLITS),
         },
     )
     cispo_use_unified_mask: bool = field(
@@ -79,65 +86,82 @@ class OffPolicyLossConfig(PolicyLossConfig):
         default=0.1,
         metadata={
             "help": "kimi15: tau of the tau/2 (log pi - log pi_old)^2 penalty (>= 0). The Kimi k1.5 report "
-            "gives no value; 0.1 is ROLL's default."
+            "gives no value; 0.1 is ROLL's default.",
+            "check": Check(at_least=0),
         },
     )
     tis_lower_bound: float = field(
-        default=0.0, metadata={"help": "tis_pg: lower truncation of pi/pi_old (>= 0; ROLL's default)."}
+        default=0.0,
+        metadata={"help": "tis_pg: lower truncation of pi/pi_old (>= 0; ROLL's default).", "check": Check(at_least=0)},
     )
     tis_upper_bound: float = field(
-        default=1.0, metadata={"help": "tis_pg: upper truncation of pi/pi_old (>= tis_lower_bound; ROLL's default)."}
+        default=1.0,
+        metadata={
+            "help": "tis_pg: upper truncation of pi/pi_old (>= tis_lower_bound; ROLL's default).",
+            "check": Check(at_least=0),
+        },
     )
 
 
 CONFIG_TARGET = f"{OffPolicyLossConfig.__module__}.{OffPolicyLossConfig.__qualname__}"
-TOPR_SPLITS = ("score", "advantage")
-_NON_NUMERIC_KEYS = ("topr_split", "cispo_use_unified_mask")
 _OWN_KEYS = tuple(f.name for f in fields(OffPolicyLossConfig) if f.name not in PolicyLossConfig.__dataclass_fields__)
+_DEFAULTS = {f.name: f.default for f in fields(OffPolicyLossConfig) if f.name in _OWN_KEYS}
+
+
+def _tis_bounds(v: Values) -> tuple[Any, Any]:
+    return v.get("low", _DEFAULTS["tis_lower_bound"]), v.get("high", _DEFAULTS["tis_upper_bound"])
+
+
+# The settings this module's losses cannot run with (the values of their own keys: OffPolicyLossConfig's checks).
+RULES: tuple[Rule, ...] = (
+    Rule(
+        {"target": f"{POLICY_LOSS}._target_", "mode": f"{POLICY_LOSS}.loss_mode", "section": POLICY_LOSS},
+        when=lambda v: v.mode in LOSS_MODES or bool(set(v.section or ()) & set(_OWN_KEYS)),
+        require=lambda v: v.target == CONFIG_TARGET,
+        message=lambda v: (
+            f"{POLICY_LOSS}._target_={v.target}: the recipe's losses and their keys need "
+            f"{POLICY_LOSS}._target_={CONFIG_TARGET} (the recipe's configs set it; a config that does not start from "
+            "them must too)."
+        ),
+    ),
+    Rule(
+        {"low": f"{POLICY_LOSS}.tis_lower_bound", "high": f"{POLICY_LOSS}.tis_upper_bound"},
+        when=lambda v: all(Check(at_least=0).accepts(float, bound) for bound in _tis_bounds(v)),
+        require=lambda v: _tis_bounds(v)[0] <= _tis_bounds(v)[1],
+        message=lambda v: (
+            f"{POLICY_LOSS}.tis_lower_bound={_tis_bounds(v)[0]!r} is above {POLICY_LOSS}.tis_upper_bound="
+            f"{_tis_bounds(v)[1]!r}; the truncation range must be [lower, upper]."
+        ),
+    ),
+    Rule(
+        {"mode": f"{POLICY_LOSS}.loss_mode", "bypass": "algorithm.rollout_correction.bypass_mode"},
+        when=lambda v: v.mode in LOSS_MODES,
+        require=lambda v: not v.bypass,
+        message=lambda v: (
+            f"{POLICY_LOSS}.loss_mode={v.mode!r} with algorithm.rollout_correction.bypass_mode=true: "
+            "verl's bypass mode replaces the loss with its own `bypass_mode` loss. Set bypass_mode=false."
+        ),
+    ),
+)
 
 
 def validate_policy_loss(config: DictConfig) -> None:
-    """Refuse unknown ``policy_loss`` keys and bad values of this module's keys, naming the key."""
-
-    prefix = "actor_rollout_ref.actor.policy_loss"
-    section = OmegaConf.to_container(OmegaConf.select(config, prefix, default={}) or {}, resolve=True)
-    known = set(OffPolicyLossConfig.__dataclass_fields__)
-    target = section.get("_target_")
-    if (section.get("loss_mode") in LOSS_MODES or set(section) & set(_OWN_KEYS)) and target != CONFIG_TARGET:
-        raise ConfigError(
-            f"{prefix}._target_={target}: the recipe's losses and their keys need {prefix}._target_={CONFIG_TARGET} "
-            "(the recipe's configs set it; a config that does not start from them must too)."
-        )
-    known.add("_target_")
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ConfigError(
-            f"Unknown key(s) {', '.join(f'{prefix}.{key}' for key in unknown)}; the keys of this recipe's losses "
-            f"are {', '.join(_OWN_KEYS)} (see recipe/one_step_off_async/losses.py)."
-        )
-    values = {name: section.get(name, OffPolicyLossConfig.__dataclass_fields__[name].default) for name in _OWN_KEYS}
-    if values["topr_split"] not in TOPR_SPLITS:
-        raise ConfigError(f"{prefix}.topr_split={values['topr_split']!r} must be one of {', '.join(TOPR_SPLITS)}.")
-    if not isinstance(values["cispo_use_unified_mask"], bool):
-        raise ConfigError(
-            f"{prefix}.cispo_use_unified_mask={values['cispo_use_unified_mask']!r} must be true or false."
-        )
-    for name, value in values.items():
-        if name in _NON_NUMERIC_KEYS:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ConfigError(f"{prefix}.{name}={value!r} must be a number >= 0.")
-    if values["tis_lower_bound"] > values["tis_upper_bound"]:
-        raise ConfigError(
-            f"{prefix}.tis_lower_bound={values['tis_lower_bound']!r} is above "
-            f"{prefix}.tis_upper_bound={values['tis_upper_bound']!r}; the truncation range must be [lower, upper]."
-        )
-    bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
-    if section.get("loss_mode") in LOSS_MODES and bypass:
-        raise ConfigError(
-            f"{prefix}.loss_mode={section['loss_mode']!r} with algorithm.rollout_correction.bypass_mode=true: "
-            "verl's bypass mode replaces the loss with its own `bypass_mode` loss. Set bypass_mode=false."
-        )
+    """Refuse unknown ``policy_loss`` keys, values this module's keys do not take and the settings its losses cannot
+    run with (``RULES``), naming the key; one ``ConfigError`` with every problem."""
+    section = OmegaConf.select(config, POLICY_LOSS, default=None)
+    values = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else {}
+    problems = Problems()
+    for problem in field_problems(
+        OffPolicyLossConfig,
+        values,
+        f"{POLICY_LOSS}.",
+        names=_OWN_KEYS,
+        also_known=("_target_",),
+        known=f"the keys of this recipe's losses are {', '.join(_OWN_KEYS)} (see recipe/one_step_off_async/losses.py).",
+    ):
+        problems.add(problem)
+    check_rules(RULES, config, problems)
+    problems.raise_any()
 
 
 def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor):

