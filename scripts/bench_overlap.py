@@ -49,7 +49,7 @@ import psutil
 # The workload is the CPU profile as is (16 prompts x 4 samples, one actor update per step): at
 # staleness 0 its generation and training already take about the same time. Bigger batches, more
 # PPO epochs or smaller micro-batches did not raise the speedup (measured results in
-# docs/advance/one_step_off_async.md).
+# docs/advance/one_step_off_async/results.md).
 ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", "--config-name=one_step_off_ppo_cpu"]
 FIXED = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]")
 SPLIT = {

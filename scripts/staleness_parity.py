@@ -18,8 +18,8 @@ to interrupt) share one staleness-0 baseline; a policy loss gets its own.
 
 Why: the recipe promises faster steps with the same learning. The default correction must be the
 one that keeps staleness 1's gain closest to staleness 0's, measured on a task where advantages are
-graded as well as on the binary one (docs/advance/one_step_off_async.md, "Off-policy correction: the
-default and why"). The s1/s0 ratio is unstable when a baseline gains little: read it with the paired
+graded as well as on the binary one (docs/advance/one_step_off_async/configuration.md, "Off-policy
+correction: the default and why"). The s1/s0 ratio is unstable when a baseline gains little: read it with the paired
 difference. ``partial`` depends on timing (where a sync interrupts a request), so its runs vary with
 the load of the machine more than the others.
 
