@@ -77,8 +77,8 @@ def test_ppo_with_a_critic_and_kl_trains_on_the_pipeline(ppo_run):
             assert "actor/pg_loss" not in values, f"step {step}: the actor updated during the critic's warm-up"
         else:
             assert math.isfinite(values["actor/pg_loss"]) and math.isfinite(values["actor/kl_loss"]), f"step {step}"
-    # Exact weights through the gloo engine (the CPU profile's): the batches of steps 1 and 2 were sampled with v0
-    # and v1, and the actor, which first updates at step CRITIC_WARMUP, still holds v0's weights at both; the
+    # Exact weights through the gloo engine (the CPU profile's): the batches of steps 1 and 2 were both sampled with
+    # v0, and the actor, which first updates at step CRITIC_WARMUP, still holds v0's weights at both; the
     # probabilities differ by the rounding of two fp32 forwards (7e-7 to 1e-6 measured on either engine).
     for step in range(1, CRITIC_WARMUP + 1):
         assert metrics[step]["training/rollout_probs_diff_max"] < 1e-5, f"step {step}"

@@ -340,6 +340,12 @@ def test_every_problem_of_the_loss_keys_is_reported_at_once():
     ]
 
 
+def test_the_loss_check_leaves_verls_own_sections_under_policy_loss_to_verl():
+    """Only the recipe's loss keys are checked: a key of a verl section nested there (``rollout_correction``, which
+    verl fills at run time) is verl's to accept or refuse."""
+    validate_policy_loss(compose_config("+actor_rollout_ref.actor.policy_loss.rollout_correction.a_newer_verl_key=1"))
+
+
 @pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
 def test_good_loss_config_validates(loss):
     config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}")

@@ -46,8 +46,11 @@ def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules()
               distributed.initialize_global_process_group_ray.__defaults__)
         import sys
         from verl.checkpoint_engine import CheckpointEngineRegistry
-        # The recipe's engines are registered; verl's Ascend engine, and the vLLM it imports, are not loaded.
-        print(sorted({"gloo", "checkpoint"} & set(CheckpointEngineRegistry._registry)), "vllm" in sys.modules)
+        # The recipe's engines are registered; verl's Ascend engine was not imported (verl recorded it as unavailable),
+        # nor the vLLM it imports.
+        ascend = "hccl_checkpoint_engine"
+        print(sorted({"gloo", "checkpoint"} & set(CheckpointEngineRegistry._registry)), "vllm" in sys.modules,
+              sys.modules[f"verl.checkpoint_engine.{ascend}"] is None, ascend in CheckpointEngineRegistry._import_errors)
         """
     )
     out = subprocess.run(
@@ -59,7 +62,7 @@ def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-3:-1] == [
         "cpu gloo CPU cpu PlatformCPU 0 (None, 'gloo')",
-        "['checkpoint', 'gloo'] False",
+        "['checkpoint', 'gloo'] False True True",
     ]
 
 

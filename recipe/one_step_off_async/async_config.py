@@ -118,7 +118,8 @@ class AsyncTrainingConfig:
         default=1,
         metadata={
             "help": "Push the actor's weights to the rollout every N training steps (and on every validation "
-            "and checkpoint step); in between, the rollout keeps generating with the last version it received.",
+            "and checkpoint step; not before trainer.critic_warmup, while the actor does not update); in between, "
+            "the rollout keeps generating with the last version it received.",
             "check": Check(at_least=1, note="1 = push weights after every step, N = every N steps"),
         },
     )

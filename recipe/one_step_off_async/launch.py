@@ -181,7 +181,7 @@ def _hydra_message(error: Exception) -> str:
     return message
 
 
-# Module paths of the flat layout before the sub-packages (see "Upgrading" in the docs). A config that
+# Module paths of the flat layout before the sub-packages (see CHANGELOG.md, "Deprecated"). A config that
 # names one still runs, with a FutureWarning naming the setting to use instead.
 _RENAMED_CLASSES = {
     "actor_rollout_ref.rollout.checkpoint_manager_class": {

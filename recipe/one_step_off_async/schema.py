@@ -102,19 +102,25 @@ def field_problems(
     that are neither fields nor ``also_known``; ``known`` replaces the list of known keys in that message. Then
     every value outside its field's type and ``check``, in field order (``names``: only these fields).
     """
-    return [*_unknown_keys(cls, values, prefix, set(also_known), known), *_bad_values(cls, values, prefix, names)]
+    unknown = _unknown_keys(cls, values, prefix, set(also_known), known, names)
+    return [*unknown, *_bad_values(cls, values, prefix, names)]
 
 
-def _unknown_keys(cls: type, values: Mapping, prefix: str, also_known: set[str], known: str | None) -> Iterator[str]:
+def _unknown_keys(
+    cls: type, values: Mapping, prefix: str, also_known: set[str], known: str | None, names: Iterable[str] | None
+) -> Iterator[str]:
     fields = [field.name for field in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(fields) - also_known)
     if unknown:
         known = known or f"known keys: {', '.join(fields)}."
         yield f"Unknown key(s) {', '.join(prefix + key for key in unknown)}; {known}"
+    checked = set(names) if names is not None else None
     for name, value in values.items():
+        if checked is not None and name not in checked:  # a section of verl's that the recipe does not check
+            continue
         kind = _annotations(cls).get(name, (None, False))[0]
         if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
-            yield from _unknown_keys(kind, value, f"{prefix}{name}.", set(), None)
+            yield from _unknown_keys(kind, value, f"{prefix}{name}.", set(), None, None)
 
 
 def _bad_values(cls: type, values: Mapping, prefix: str, names: Iterable[str] | None) -> Iterator[str]:

@@ -54,7 +54,7 @@ def apply() -> None:
 
 
 def _exists(module: str) -> bool:
-    """False for a module of the recipe's old flat layout still listed by a user (see "Upgrading")."""
+    """False for a module of the recipe's old flat layout still listed by a user (see CHANGELOG.md, "Deprecated")."""
     if not module.startswith("recipe.one_step_off_async."):
         return True
     try:

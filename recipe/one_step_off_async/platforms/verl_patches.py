@@ -39,8 +39,8 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
   theirs). The CPU rollout runs in fp32, so a LoRA run's rollout would sample from rounded weights
   (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the model's dtype.
 - ``verl/checkpoint_engine/__init__.py``: imports every optional engine, among them the Ascend one
-  (``hccl_checkpoint_engine``), which imports vLLM's ``vllm.distributed.utils``: about 3 s in every process that
-  imports verl's checkpoint engines (every worker) wherever vLLM is installed, for an engine that needs an NPU.
+  (``hccl_checkpoint_engine``), which imports vLLM's ``vllm.distributed.utils``: about 2 s in every process that
+  imports verl's checkpoint engines (every Ray worker) wherever vLLM is installed, for an engine that needs an NPU.
   On CPU verl finds it unavailable, as it does where an engine's dependency is missing
   (``skip_the_ascend_checkpoint_engine``, applied by the plugin before it imports the engines).
 """

@@ -10,9 +10,10 @@ that decide where a batch comes from and when weights move:
   flight, so verl's ``fit()`` runs unmodified;
 - ``_fit_generate`` waits for the item's generation, then runs verl's own generation step on it;
 - ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k on the steps
-  ``SyncSchedule`` names (every ``sync_interval`` steps, and on validation and checkpoint steps), so no sequence
-  mixes two versions; with ``partial_rollout`` it syncs at once: the sync interrupts the running requests, which
-  continue under v_k (``rollout/partial.py``), and every token is checked against its version bounds;
+  ``SyncSchedule`` names (every ``sync_interval`` steps once the actor trains, and on validation and checkpoint
+  steps), so no sequence mixes two versions; with ``partial_rollout`` it syncs at once: the sync interrupts the
+  running requests, which continue under v_k (``rollout/partial.py``), and every token is checked against its
+  version bounds;
 - the step ends by launching the generation s+1 steps ahead (``_fit_postprocess_step``);
 - checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
 
