@@ -13,6 +13,12 @@ from omegaconf import OmegaConf
 from recipe.one_step_off_async import verl_plugin
 from recipe.one_step_off_async.demo.assets import is_built, register_resolver
 
+# The Ctrl-C tests (test_e2e_faults_on_cpu.py) send SIGINT to the launches they start. A suite started in the
+# background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and so would every launch:
+# give this process Python's own handler back, which its children reset to the default at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # What a CPU launch gives this process and every Ray worker (platform, the recipe's plugin), set up before
 # any test touches verl: the platform is resolved once per process and cached.
 CPU_RUN = OmegaConf.create({"trainer": {"device": "cpu"}, "async_training": {"one_gpu": False}})
