@@ -21,9 +21,10 @@ import ray
 from omegaconf import DictConfig
 from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
 
-# The reward-model backends that serve vLLM's /classify: vLLM and the recipe's CPU backend (rollout.hf.ROLLOUT_NAME;
-# the trainer does not import backends).
-VLLM_CLASSIFY_ROLLOUTS = ("vllm", "hf")
+from recipe.one_step_off_async.backends import HF, VLLM
+
+# The reward-model backends that serve vLLM's /classify: vLLM and the recipe's CPU backend.
+VLLM_CLASSIFY_ROLLOUTS = (VLLM, HF)
 
 
 class OneStepOffRewardLoopWorker(RewardLoopWorker):
