@@ -102,14 +102,23 @@ def test_the_reward_model_scored_every_sample_through_verls_reward_loop(ppo_run,
         for line in (ppo_run.directory / "rollouts" / f"{step}.jsonl").open()
     ]
     assert len(samples) == STEPS * 16 * 4
-    matched = 0
+    texts = []
     for sample in samples:
         prompt = sample["input"].removeprefix("user\n").removesuffix("\nassistant\n")
         chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": sample["output"]}]
-        text = tokenizer.apply_chat_template(chat, tokenize=False)
-        with torch.inference_mode():
-            score = model(**tokenizer(text, return_tensors="pt")).logits[0, 0].item()
-        matched += abs(score - sample["score"]) < 1e-5
+        texts.append(tokenizer.apply_chat_template(chat, tokenize=False))
+    # Batched, right-padded: the classifier reads the last token that is not padding (its pad_token_id).
+    assert tokenizer.padding_side == "right" and tokenizer.pad_token_id is not None
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+    with torch.inference_mode():
+        scores = [
+            score
+            for start in range(0, len(texts), 64)
+            for score in model(**tokenizer(texts[start : start + 64], return_tensors="pt", padding=True))
+            .logits[:, 0]
+            .tolist()
+        ]
+    matched = sum(abs(score - sample["score"]) < 1e-5 for score, sample in zip(scores, samples, strict=True))
     # vLLM's /classify in fp32 scored all 256 samples of a run within 2.3e-7 of this forward.
     # The dump's text drops special tokens the policy may (rarely) emit inside a response, which the reward model
     # saw: those few samples cannot be re-rendered here. A random logit matching to 1e-5 by chance is impossible.
