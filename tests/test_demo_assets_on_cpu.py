@@ -8,6 +8,7 @@ warm-started model, and the build-once cache. The checks of the build read the s
 import asyncio
 import dataclasses
 import json
+import random
 import shutil
 import string
 import sys
@@ -452,7 +453,8 @@ def test_long_tail_reward_is_the_share_of_the_budget_written_as_the_letter(respo
     assert compute_score(long_tail.DATA_SOURCE, response, "a", extra_info) == score
 
 
-def test_long_tail_agent_loop_generates_exactly_the_budget(monkeypatch):
+def test_long_tail_agent_loop_generates_exactly_the_budget_and_returns_it(monkeypatch):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
     from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
     from recipe.one_step_off_async.demo.long_tail_agent_loop import BudgetedAgentLoop
@@ -461,11 +463,68 @@ def test_long_tail_agent_loop_generates_exactly_the_budget(monkeypatch):
 
     async def run(self, sampling_params, **kwargs):
         seen.update(sampling_params)
+        return AgentLoopOutput(prompt_ids=[1], response_ids=[2], response_mask=[1], num_turns=2, metrics={})
 
     monkeypatch.setattr(SingleTurnAgentLoop, "run", run)
     loop = BudgetedAgentLoop.__new__(BudgetedAgentLoop)
-    asyncio.run(loop.run({"temperature": 1.0}, extra_info={"response_budget": 37}))
+    output = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"response_budget": 37, "split": "train"}))
     assert seen == {"temperature": 1.0, "max_tokens": 37, "ignore_eos": True}
+    assert output.extra_fields["response_budget"] == 37
+
+
+# --- the heavy-tail task (the generation-bound profile) ------------------------------------------------
+
+
+def heavy_tail_sample_budgets(samples_per_row: int) -> np.ndarray:
+    rows = long_tail.to_rows(long_tail.NUM_TRAIN, "train", seed=0, shape=long_tail.HEAVY_TAIL)
+    rng = random.Random(0)
+    return np.array([[long_tail.sample_budget(row["extra_info"], rng) for _ in range(samples_per_row)] for row in rows])
+
+
+def test_heavy_tail_budgets_vary_within_groups_with_a_heavier_tail_and_a_few_percent_at_the_cap():
+    budgets = heavy_tail_sample_budgets(4)
+    median, p99 = np.median(budgets), np.percentile(budgets, 99)
+    assert median == long_tail.HEAVY_TAIL.median and p99 / median >= 15
+    assert 0.01 <= (budgets == long_tail.MAX_RESPONSE_LENGTH).mean() <= 0.05
+    assert budgets.min() >= long_tail.MIN_BUDGET
+    # Within a group the log-budgets spread about as much as HEAVY_TAIL.sample_sigma says (less the clipping).
+    assert np.log(budgets).std(axis=1, ddof=1).mean() > 0.6 * long_tail.HEAVY_TAIL.sample_sigma
+
+
+def test_heavy_tail_validation_rows_keep_their_problems_budget():
+    (row,) = long_tail.to_rows(1, "val", seed=0, shape=long_tail.HEAVY_TAIL)
+    assert row["extra_info"]["budget_sigma"] == long_tail.HEAVY_TAIL.sample_sigma
+    budgets = {long_tail.sample_budget(row["extra_info"], random.Random(seed)) for seed in range(20)}
+    assert budgets == {row["extra_info"]["response_budget"]}
+
+
+def test_verls_reward_manager_scores_the_samples_drawn_budget_not_its_problems():
+    """The agent loop's extra fields reach verl's reward as ``extra_info`` (naive reward manager, 0.9.1)."""
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+    tokenizer = build_tokenizer()
+    response = torch.tensor([tokenizer.convert_tokens_to_ids("a")] * 4)
+    batch = TensorDict(
+        {"responses": response[None], "attention_mask": torch.ones(1, 5, dtype=torch.long)}, batch_size=[1]
+    )
+    row_info = {"index": 0, "split": "train", "response_budget": 100, "budget_sigma": 1.0}
+    data = DataProto(
+        batch=batch,
+        non_tensor_batch={
+            "data_source": np.array([long_tail.DATA_SOURCE], dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": "a"}], dtype=object),
+            "extra_info": np.array([row_info], dtype=object),
+            "tool_extra_fields": np.array([{"response_budget": 4}], dtype=object),
+        },
+    )
+
+    async def score() -> float:
+        manager = NaiveRewardManager(OmegaConf.create({}), tokenizer, compute_score)
+        return (await manager.run_single(data))["reward_score"]
+
+    assert asyncio.run(score()) == 1.0  # "aaaa" against the sample's 4 tokens (the row's 100 would give 0.04)
 
 
 # --- the tool-use task ---------------------------------------------------------------------------

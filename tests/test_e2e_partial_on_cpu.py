@@ -230,3 +230,29 @@ def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(
     assert all(values["checkpoint_engine/files"] >= 1 for values in resumed.metrics.values())
     for step in range(SAVED_AT + 1, STEPS + 1):
         assert Counter(resumed.prompts(step)) == Counter(partial_run.prompts(step)), f"step {step}"
+
+
+GENERATION_BOUND_PROFILE = "one_step_off_ppo_cpu_generation_bound"  # the partial-rollout benchmark's profile
+GENERATION_BOUND_SAMPLES = 2 * 4  # its data.train_batch_size x rollout.n
+
+
+def test_the_generation_bound_profile_runs_partial_rollout_with_cheap_training(tmp_path):
+    """The profile of ``python -m benchmarks partial-rollout`` composes and trains its headline mode (s=2)."""
+    steps = 4
+    run = run_main(
+        tmp_path,
+        f"async_training.staleness={STALENESS}",
+        "async_training.partial_rollout=true",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        profile=GENERATION_BOUND_PROFILE,
+    )
+    assert run.returncode == 0, run.output[-5000:]
+    metrics = run.metrics
+    assert_tokens_within_the_contract(metrics, range(1, steps + 1))
+    for step, values in metrics.items():
+        assert len(run.responses(step)) == GENERATION_BOUND_SAMPLES
+        # Cheap training: no reference model, no recomputation of the old log-probs (verl's bypass mode), one update.
+        assert {"timing_s/ref", "timing_s/old_log_prob"}.isdisjoint(values), sorted(values)
+        assert values["timing_s/update_actor"] > 0 and values["async/synced"] == 1.0

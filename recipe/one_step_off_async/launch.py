@@ -39,7 +39,9 @@ CONFIG_MODULE = "recipe.one_step_off_async.config"
 PROFILES = (
     "one_step_off_ppo_trainer",
     "one_step_off_ppo_cpu",
+    "one_step_off_ppo_cpu_graded",
     "one_step_off_ppo_cpu_long_tail",
+    "one_step_off_ppo_cpu_generation_bound",
     "one_step_off_ppo_1gpu",
 )
 

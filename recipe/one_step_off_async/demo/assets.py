@@ -9,6 +9,7 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
     val.parquet     128 rows, disjoint from train
     graded_{train,val}.parquet   the same problems with partial credit (task.GRADED_DATA_SOURCE)
     long_tail_{train,val}.parquet, long_tail_agent_loop.yaml   the long-tail task (long_tail.py)
+    heavy_tail_{train,val}.parquet   the heavy-tail task: the same loop, budgets drawn per sample
     tool_model/     the model above, fine-tuned to call the demo's tool (tool_task.py)
     tool_{train,val}.parquet   the tool-use task: the same problems, rows naming verl's tool agent loop
     manifest.json   what was built and the warm start's val accuracy; written last
@@ -65,8 +66,8 @@ from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_s
 logger = logging.getLogger(__name__)
 
 # v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task;
-# v4: no reward model; v5: no tool-use task
-ASSETS_VERSION = "v6"
+# v4: no reward model; v5: no tool-use task; v6: no heavy-tail task
+ASSETS_VERSION = "v7"
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
@@ -96,6 +97,8 @@ class DemoAssets:
     long_tail_train_file: str  # the long-tail task (long_tail.py), same model and reward
     long_tail_val_file: str
     long_tail_agent_loop_config: str  # actor_rollout_ref.rollout.agent.agent_loop_config_path
+    heavy_tail_train_file: str  # the heavy-tail task (long_tail.HEAVY_TAIL): budgets drawn per sample
+    heavy_tail_val_file: str
     tool_model_dir: str  # the tool-use task (tool_task.py): the model fine-tuned to call the tool
     tool_train_file: str
     tool_val_file: str
@@ -176,6 +179,7 @@ def _build(out_dir: Path, seed: int) -> None:
     paths = write_splits(problems, out_dir)
     graded_paths = write_splits(problems, out_dir, GRADED_DATA_SOURCE, prefix="graded_")
     long_tail_paths = long_tail.write_splits(out_dir, seed)
+    heavy_tail_paths = long_tail.write_splits(out_dir, seed, long_tail.HEAVY_TAIL)
     agent_loop_config = long_tail.write_agent_loop_config(out_dir)
     tool_paths = tool_task.write_splits(problems, out_dir)
     val_rows = read_rows(paths["val"])
@@ -201,6 +205,8 @@ def _build(out_dir: Path, seed: int) -> None:
             "long_tail_train_file": long_tail_paths["train"].name,
             "long_tail_val_file": long_tail_paths["val"].name,
             "long_tail_agent_loop_config": agent_loop_config.name,
+            "heavy_tail_train_file": heavy_tail_paths["train"].name,
+            "heavy_tail_val_file": heavy_tail_paths["val"].name,
             "tool_model_dir": TOOL_MODEL_SUBDIR,
             "tool_train_file": tool_paths["train"].name,
             "tool_val_file": tool_paths["val"].name,
@@ -248,6 +254,8 @@ def _load(root: Path, seed: int) -> DemoAssets:
         long_tail_train_file=str(files["long_tail_train_file"]),
         long_tail_val_file=str(files["long_tail_val_file"]),
         long_tail_agent_loop_config=str(files["long_tail_agent_loop_config"]),
+        heavy_tail_train_file=str(files["heavy_tail_train_file"]),
+        heavy_tail_val_file=str(files["heavy_tail_val_file"]),
         tool_model_dir=str(files["tool_model_dir"]),
         tool_train_file=str(files["tool_train_file"]),
         tool_val_file=str(files["tool_val_file"]),

@@ -1,26 +1,34 @@
-"""The long-tail demo task: response lengths from tens to hundreds of tokens, as in real RL workloads.
+"""The long-tail demo tasks: response lengths from a few tokens to hundreds, as in real RL workloads.
 
-What: a prompt ``repeat c`` asks for the letter ``c`` written over a response budget that comes with
-the problem (``extra_info.response_budget``); the reward is the share of the budget written as ``c``
-(partial credit, so it is learnable from the demo model's first guesses). Budgets are lognormal:
-median ``MEDIAN_BUDGET`` tokens, p99 about ten times that (``BUDGET_SIGMA``), capped at
-``MAX_RESPONSE_LENGTH``; so a batch of 64 waits for a sample about eight times its median.
+What: a prompt ``repeat c`` asks for the letter ``c`` written over a response budget; the reward is the
+share of the budget written as ``c`` (partial credit, so it is learnable from the demo model's first
+guesses). Budgets are lognormal, capped at ``MAX_RESPONSE_LENGTH``, in two shapes (``TailShape``):
+
+- ``LONG_TAIL``: one budget per problem, median 48 tokens, p99 about ten times that; a batch of 64
+  waits for a sample about eight times its median (profile ``one_step_off_ppo_cpu_long_tail``);
+- ``HEAVY_TAIL``: each training sample draws its own budget around its problem's, so lengths vary
+  within a group as well as across prompts: median 32, p99 at the cap (15 times the median), about 3%
+  of the samples at the cap (profile ``one_step_off_ppo_cpu_generation_bound``).
 
 Why: the built-in sort task's answers are at most 6 tokens, so no batch has a tail. Math reasoning and
-agent rollouts do: most samples finish early and the replicas idle while the longest run. This task
-puts that shape through the real entry point at a controlled, reproducible length distribution, for
-the partial-rollout benchmark (``scripts/bench_partial_rollout.py``) and its tests.
+agent rollouts do: most samples finish early and the replicas idle while the longest run. These tasks
+put that shape through the real entry point at a controlled, reproducible length distribution, for the
+partial-rollout benchmark (``python -m benchmarks partial-rollout``) and its tests.
 
-How: ``long_tail_agent_loop.BudgetedAgentLoop`` (registered by the YAML the asset build writes, named in
-the ``one_step_off_ppo_cpu_long_tail`` profile) is verl's single-turn agent loop with ``max_tokens`` set to
-the problem's budget and ``ignore_eos`` on, so every response is exactly its budget long; the demo
-reward (``reward.py``) scores it with ``score_repeat``. This module imports no verl (the reward loads it).
+How: a row carries its problem's budget (``extra_info.response_budget``) and the spread of its samples'
+budgets around it (``extra_info.budget_sigma``, 0 for one budget per problem). ``long_tail_agent_loop.
+BudgetedAgentLoop`` (registered by the YAML the asset build writes; the rows name it) is verl's
+single-turn agent loop with ``max_tokens`` set to the sample's budget (``sample_budget``) and
+``ignore_eos`` on, so every response is exactly its budget long; it returns the budget in the sample's
+extra fields, which verl's reward manager merges into the reward's ``extra_info``, and the demo reward
+(``reward.py``) scores the response with ``score_repeat``. This module imports no verl (the reward loads it).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,8 +37,6 @@ import pyarrow.parquet as pq
 DATA_SOURCE = "one_step_off_async/long_tail_repeat"
 ALPHABET = "abcdefghij"
 PROMPT_PREFIX = "repeat "
-MEDIAN_BUDGET = 48
-BUDGET_SIGMA = 1.0  # p99 / median = exp(2.326 * sigma), about 10
 MIN_BUDGET = 2
 MAX_RESPONSE_LENGTH = 480  # the demo model has 512 positions; prompts take 16
 MAX_PROMPT_LENGTH = 8 + len(PROMPT_PREFIX) + 1  # chat template around the user turn, one token per character
@@ -38,28 +44,69 @@ NUM_TRAIN = 4096
 NUM_VAL = 128
 AGENT_LOOP_NAME = "long_tail_repeat"
 
+
+@dataclass(frozen=True)
+class TailShape:
+    """Lognormal response budgets: ``median`` tokens, ``prompt_sigma`` across problems, ``sample_sigma`` within one.
+
+    The two spreads add in quadrature: a sample's log-budget has standard deviation
+    sqrt(prompt_sigma**2 + sample_sigma**2), and p99 / median = exp(2.326 * that), before the cap.
+    """
+
+    name: str  # the files' prefix: <name>_train.parquet, <name>_val.parquet
+    median: int
+    prompt_sigma: float
+    sample_sigma: float = 0.0
+
+
+LONG_TAIL = TailShape("long_tail", median=48, prompt_sigma=1.0)
+HEAVY_TAIL = TailShape("heavy_tail", median=32, prompt_sigma=1.0, sample_sigma=1.0)
+MEDIAN_BUDGET = LONG_TAIL.median
+
 ROW_SCHEMA = pa.schema(
     [
         ("data_source", pa.string()),
         ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
         ("ability", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        ("extra_info", pa.struct([("index", pa.int64()), ("split", pa.string()), ("response_budget", pa.int64())])),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("index", pa.int64()),
+                    ("split", pa.string()),
+                    ("response_budget", pa.int64()),
+                    ("budget_sigma", pa.float64()),
+                ]
+            ),
+        ),
         ("agent_name", pa.string()),
     ]
 )
 
 
-def response_budgets(count: int, seed: int) -> list[int]:
-    """``count`` lognormal budgets (median ``MEDIAN_BUDGET``), clipped to [MIN_BUDGET, MAX_RESPONSE_LENGTH]."""
+def clip_budget(tokens: float) -> int:
+    return min(MAX_RESPONSE_LENGTH, max(MIN_BUDGET, round(tokens)))
+
+
+def response_budgets(count: int, seed: int, shape: TailShape = LONG_TAIL) -> list[int]:
+    """``count`` problems' budgets: lognormal around ``shape.median``, clipped to [MIN_BUDGET, MAX_RESPONSE_LENGTH]."""
     rng = random.Random(seed)
-    return [
-        min(MAX_RESPONSE_LENGTH, max(MIN_BUDGET, round(rng.lognormvariate(math.log(MEDIAN_BUDGET), BUDGET_SIGMA))))
-        for _ in range(count)
-    ]
+    return [clip_budget(rng.lognormvariate(math.log(shape.median), shape.prompt_sigma)) for _ in range(count)]
 
 
-def to_rows(count: int, split: str, seed: int) -> list[dict]:
+def sample_budget(extra_info: dict, rng: random.Random) -> int:
+    """The budget of one sample of a row: its problem's budget, or a draw around it for a training row with a spread.
+
+    Validation rows keep their problem's budget, so validation scores the same budgets in every run.
+    """
+    budget, sigma = int(extra_info["response_budget"]), float(extra_info.get("budget_sigma") or 0.0)
+    if sigma == 0.0 or extra_info.get("split") != "train":
+        return budget
+    return clip_budget(budget * rng.lognormvariate(0.0, sigma))
+
+
+def to_rows(count: int, split: str, seed: int, shape: TailShape = LONG_TAIL) -> list[dict]:
     rng = random.Random(seed + 1)
     return [
         {
@@ -67,21 +114,27 @@ def to_rows(count: int, split: str, seed: int) -> list[dict]:
             "prompt": [{"role": "user", "content": PROMPT_PREFIX + letter}],
             "ability": "repetition",
             "reward_model": {"style": "rule", "ground_truth": letter},
-            "extra_info": {"index": index, "split": split, "response_budget": budget},
+            "extra_info": {
+                "index": index,
+                "split": split,
+                "response_budget": budget,
+                "budget_sigma": shape.sample_sigma,
+            },
             "agent_name": AGENT_LOOP_NAME,
         }
         for index, (letter, budget) in enumerate(
-            (rng.choice(ALPHABET), budget) for budget in response_budgets(count, seed)
+            (rng.choice(ALPHABET), budget) for budget in response_budgets(count, seed, shape)
         )
     ]
 
 
-def write_splits(out_dir: str | Path, seed: int) -> dict[str, Path]:
-    """Write ``long_tail_train.parquet`` and ``long_tail_val.parquet``; return the paths by split."""
+def write_splits(out_dir: str | Path, seed: int, shape: TailShape = LONG_TAIL) -> dict[str, Path]:
+    """Write ``<shape.name>_train.parquet`` and ``<shape.name>_val.parquet``; return the paths by split."""
     paths = {}
     for split, count, split_seed in (("train", NUM_TRAIN, seed), ("val", NUM_VAL, seed + 10_000)):
-        paths[split] = Path(out_dir) / f"long_tail_{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(to_rows(count, split, split_seed), schema=ROW_SCHEMA), paths[split])
+        paths[split] = Path(out_dir) / f"{shape.name}_{split}.parquet"
+        rows = to_rows(count, split, split_seed, shape)
+        pq.write_table(pa.Table.from_pylist(rows, schema=ROW_SCHEMA), paths[split])
     return paths
 
 
