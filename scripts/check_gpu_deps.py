@@ -2,6 +2,8 @@
 
     python scripts/check_gpu_deps.py    # needs the package index; a few minutes; installs nothing
 
+It imports the recipe: run it in the project's environment (``scripts/setup_env.sh`` installs the project).
+
 What: pip's own resolver (``pip install --dry-run --report``, binary wheels only, ``--ignore-installed``)
 resolves the project's ``gpu`` extra for Linux x86-64, CPython 3.12, glibc up to 2.35 (the CUDA images'
 Ubuntu 22.04; vLLM's dependencies need more than manylinux_2_28). Then every module the GPU path
@@ -35,10 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from recipe.one_step_off_async.preflight import REQUIREMENTS, required_modules
 
-from recipe.one_step_off_async.preflight import REQUIREMENTS, required_modules  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PYTHON_VERSION = "3.12"
 GLIBC_MINOR = 35  # manylinux_2_35 and older

@@ -8,7 +8,7 @@
 #                      the metrics file: every step synced (async/synced = 1, timing_s/sync_weights > 0),
 #                      async/staleness = 1 from step 2 (step 1's batch is sampled with v0 by construction), and
 #                      training/rollout_probs_diff_max within its bounds (below).
-#   weight_sync_nccl   verl's `nccl` checkpoint engine at real model shapes (scripts/bench_weight_sync.py:
+#   weight_sync_nccl   verl's `nccl` checkpoint engine at real model shapes (python -m benchmarks weight-sync:
 #                      Qwen2.5-0.5B/1.5B/3B configs, random fp32 weights as the FSDP2 actor sends, 1 sender -> 1
 #                      receiver, both on the GPU): median sync seconds per shape and the GB/s it implies.
 #
@@ -91,7 +91,7 @@ timeout_s=$(section_timeout "$SYNC_TIMEOUT_S")
 echo "=== weight_sync_nccl: $SHAPES, float32, $SYNC_REPS timed syncs each (timeout ${timeout_s}s)"
 rm -f "$LOG_DIR/weight_sync.json"
 section_start=$SECONDS
-timeout -k 15 "$timeout_s" "$PYTHON" scripts/bench_weight_sync.py --backend nccl --receivers 1 --dtype float32 \
+timeout -k 15 "$timeout_s" "$PYTHON" -m benchmarks weight-sync --backend nccl --receivers 1 --dtype float32 \
   --reps "$SYNC_REPS" --shape "$SHAPES" --json "$LOG_DIR/weight_sync.json" >"$LOG_DIR/weight_sync.log" 2>&1
 SYNC_RC=$? SYNC_S=$((SECONDS - section_start))
 stop_ray

@@ -1,9 +1,10 @@
 """Run the real entry point (``python -m recipe.one_step_off_async.main_ppo``) on CPU and read what it logged.
 
-Each run gets its own directory: the metrics (verl's ``file`` logger, one JSON line per step),
-the rollout dumps (``trainer.rollout_data_dir``: the prompts trained at each step), checkpoints
-and the console output. ``main_until_ray`` runs the entry point's body in the test process up to
-where Ray would start, for what a launch checks before it (seconds instead of a launch).
+Each run gets its own directory (``recipe.one_step_off_async.runs`` launches it and reads it back): the
+metrics (verl's ``file`` logger, one JSON line per step), the rollout dumps (``trainer.rollout_data_dir``: the
+prompts trained at each step), checkpoints and the console output. ``main_until_ray`` runs the entry point's
+body in the test process up to where Ray would start, for what a launch checks before it (seconds instead of
+a launch).
 """
 
 from __future__ import annotations
@@ -13,22 +14,20 @@ import math
 import os
 import pickletools
 import struct
-import subprocess
-import sys
-import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 import pytest
+
+from recipe.one_step_off_async import runs
+from recipe.one_step_off_async.runs import Run
 
 CPU_PROFILE = "one_step_off_ppo_cpu"
 # The rollout engines an e2e run is repeated on: the recipe's `hf` replica, and vLLM's CPU build through verl's own
 # vLLM replica, server and weight-update path (mark `vllm`: `-m "not vllm"` skips those launches).
 VLLM = pytest.param("vllm", marks=pytest.mark.vllm, id="vllm")
 ENGINES = ("hf", VLLM)
-ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", f"--config-name={CPU_PROFILE}"]
 STEPS = 4
 ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the resume chain
 
@@ -152,41 +151,6 @@ def assert_trained_with_staleness(
             assert values["checkpoint_engine/files"] >= 1  # the version went through the folder
 
 
-def read_metrics(path: Path) -> dict[int, dict]:
-    """Training-step metrics by step (validation-only lines at step 0 are merged in)."""
-    merged: dict[int, dict] = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        record = json.loads(line)
-        merged.setdefault(record["step"], {}).update(record["data"])
-    return merged
-
-
-@dataclass
-class Run:
-    returncode: int
-    seconds: float
-    directory: Path
-    output: str
-
-    @property
-    def metrics(self) -> dict[int, dict]:
-        return read_metrics(self.directory / "metrics.jsonl")
-
-    def validation(self, key: str) -> dict[int, float]:
-        """The validation metric ``key`` by step, for the steps that validated."""
-        return {step: values[key] for step, values in self.metrics.items() if key in values}
-
-    def prompts(self, step: int) -> list[str]:
-        """The prompts trained at ``step``, in batch order (one per sample)."""
-        lines = (self.directory / "rollouts" / f"{step}.jsonl").read_text().splitlines()
-        return [json.loads(line)["input"] for line in lines]
-
-    def responses(self, step: int) -> list[str]:
-        """The responses trained at ``step``, as verl dumps them (special tokens skipped), in batch order."""
-        lines = (self.directory / "rollouts" / f"{step}.jsonl").read_text().splitlines()
-        return [json.loads(line)["output"] for line in lines]
-
-
 def run_main(
     directory: Path,
     *overrides: str,
@@ -195,27 +159,17 @@ def run_main(
     env: dict | None = None,
     profile: str = CPU_PROFILE,
 ) -> Run:
-    directory.mkdir(parents=True, exist_ok=True)
-    command = [
-        *ENTRY[:-1],
-        f"--config-name={profile}",
-        "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={checkpoints or directory / 'checkpoints'}",
-        f"trainer.rollout_data_dir={directory / 'rollouts'}",
+    """The entry point on ``profile`` in ``directory``, its batches dumped there; past ``timeout_s`` killed with
+    every process it started (``subprocess.TimeoutExpired``)."""
+    return runs.run(
+        directory,
+        runs.dump_rollouts(directory),
         *overrides,
-    ]
-    started = time.monotonic()
-    result = subprocess.run(
-        command,
-        cwd=directory,
-        env={**os.environ, "VERL_FILE_LOGGER_PATH": str(directory / "metrics.jsonl"), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout_s,
+        profile=profile,
+        checkpoints=checkpoints,
+        timeout_s=timeout_s,
+        env=env,
     )
-    (directory / "output.log").write_text(result.stdout)
-    return Run(result.returncode, time.monotonic() - started, directory, result.stdout)
 
 
 def wandb_offline(directory: Path) -> tuple[tuple[str, ...], dict]:

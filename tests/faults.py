@@ -31,13 +31,15 @@ from pathlib import Path
 
 import psutil
 import ray
-from e2e import ENTRY, read_metrics
+from e2e import CPU_PROFILE
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
+from recipe.one_step_off_async import runs
 from recipe.one_step_off_async.demo.long_tail import AGENT_LOOP_NAME
 from recipe.one_step_off_async.demo.long_tail_agent_loop import BudgetedAgentLoop
 from recipe.one_step_off_async.demo.tool_task import AGENT_LOOP_NAME as TOOL_AGENT_LOOP_NAME
 from recipe.one_step_off_async.elastic.client import SERVED_BY
+from recipe.one_step_off_async.runs import read_metrics
 from recipe.one_step_off_async.trainer.agent_loops import VersionedToolAgentLoop
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -258,27 +260,12 @@ class WatchedRun:
 
 def start_main(directory: Path, *overrides: str, env: dict | None = None) -> WatchedRun:
     """Start the entry point on the CPU profile with metrics, rollout dumps and checkpoints in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
-    command = [
-        *ENTRY,
-        "trainer.logger=[console,file]",
-        f"trainer.rollout_data_dir={directory / 'rollouts'}",
+    launch = runs.start(
+        directory,
+        runs.dump_rollouts(directory),
         *overrides,
-    ]
-    # Output to a file: a pipe nobody reads until the end would fill up and block the run.
-    log = (directory / "output.log").open("w")
-    process = subprocess.Popen(
-        command,
-        cwd=directory,
-        env={
-            **os.environ,
-            "VERL_FILE_LOGGER_PATH": str(directory / "metrics.jsonl"),
-            RUN_MARKER_ENV: marker,
-            **(env or {}),
-        },
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        profile=CPU_PROFILE,
+        env={RUN_MARKER_ENV: marker, **(env or {})},
     )
-    log.close()
-    return WatchedRun(process, directory, marker)
+    return WatchedRun(launch.process, directory, marker)

@@ -28,8 +28,8 @@ when staleness 1 gains about half of what staleness 0 gains.
 
 The graded task (``one_step_off_ppo_cpu_graded``: the same problems, reward = share of positions right) runs
 at staleness 1 beside them (a third launch; its staleness-0 baseline is taken from the measurement, not run
-here). Measured with ``scripts/staleness_parity.py`` (40 steps, seeds 0-3, final = mean of steps 30 and 40;
-step 0 is 0.588 in every run):
+here). Measured with ``python -m benchmarks learning --grid staleness-parity`` (40 steps, seeds 0-3, final =
+mean of steps 30 and 40; step 0 is 0.588 in every run):
 
     seed            0      1      2      3
     s1 gain    +0.161 +0.159 +0.140 +0.148     mean 0.152, sd 0.010

@@ -82,6 +82,10 @@ class RolloutEngineDiedError(RuntimeError):
     """A rollout replica's engine died (vLLM's engine process, or the replica's server actor) while the run waited."""
 
 
+class RunFailed(RuntimeError):
+    """A launch of the entry point (``runs.Run.check``) exited non-zero; the message names the command and its log."""
+
+
 class Problems:
     """What the launch's checks found: the config's ``problems``, what is missing on this machine (``not_here``:
     another machine may have it) and the checks ``skipped`` because they need a value a problem refused.

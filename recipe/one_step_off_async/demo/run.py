@@ -11,7 +11,6 @@ the overlap efficiency, and ``timeline.png``: reward per step, and per step when
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, open_dict
 
 from recipe.one_step_off_async.demo.assets import register_resolver
+from recipe.one_step_off_async.runs import read_metrics
 
 VAL_REWARD_PREFIX = "val-core/"
 SYNC_PHASE_PREFIX = "timing_s/sync/"
@@ -46,14 +46,6 @@ def train(config: DictConfig, metrics_path: Path) -> None:
     with problems_reported():
         prepare_config(config)
     run_ppo(config, task_runner_class=OneStepOffTaskRunner)
-
-
-def read_metrics(path: Path) -> dict[int, dict]:
-    steps: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        steps.setdefault(record["step"], {}).update(record["data"])
-    return steps
 
 
 def val_reward(metrics: dict) -> float | None:

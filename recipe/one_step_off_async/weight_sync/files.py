@@ -60,7 +60,7 @@ finalize, as the manager calls them):
 The receiver's contract is that of verl's ``nccl`` engine (and the recipe's ``gloo`` engine, with which
 it shares ``ReceivedWeights``): **a yielded tensor is valid only until the consumer asks for the next
 item**; a server adapter copies each tensor into place before pulling the next, and ``.clone()``s
-what it keeps. ``scripts/bench_checkpoint_engine.py`` measures its throughput against the gloo
+what it keeps. ``python -m benchmarks checkpoint-engine`` measures its throughput against the gloo
 engine's.
 """
 

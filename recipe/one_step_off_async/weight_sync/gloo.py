@@ -59,7 +59,7 @@ buffer that a later bucket overwrites; only a tensor larger than a bucket, reass
 chunks, is yielded as memory of its own. So a consumer copies each tensor where it belongs before
 it pulls the next one, as verl's vLLM server adapter and ``HFServerAdapter.update_weights``
 (``rollout/hf/server.py``) do, and ``.clone()``s whatever it keeps. This spares the receiver a copy and
-fresh pages for every tensor; ``scripts/bench_gloo_engine.py`` compares a sync, loaded into a model
+fresh pages for every tensor; ``python -m benchmarks gloo-engine`` compares a sync, loaded into a model
 as a server adapter does, with a raw gloo broadcast of the same bytes.
 """
 
@@ -227,7 +227,7 @@ class GlooCheckpointEngine(SingleSourceEngine):
         if self._buffers is None:
             allocated = time.perf_counter()
             # Kept across syncs: fresh buffers are paged in again on every sync, which halved the
-            # throughput of a 300 MB sync in scripts/bench_gloo_engine.py.
+            # throughput of a 300 MB sync in the gloo-engine benchmark.
             self._buffers = (
                 torch.empty(self.bucket_size, dtype=torch.uint8),
                 torch.empty(self.bucket_size, dtype=torch.uint8),

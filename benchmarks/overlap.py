@@ -25,33 +25,33 @@ synchronous step costs gen + train + sync and a one-step-off step max(gen, train
 the speedup approaches 2 when the two pools really run in parallel.
 
 How (from the repository root, with the project's virtualenv active):
-    python scripts/bench_overlap.py                            # 3 x (s0, s1), 30 steps each: ~5 min
-    python scripts/bench_overlap.py --repeats 2 --steps 20
-    python scripts/bench_overlap.py -- actor_rollout_ref.rollout.n=8   # hydra overrides for both
+    python -m benchmarks overlap                               # 3 x (s0, s1), 30 steps each: ~5 min
+    python -m benchmarks overlap --repeats 2 --steps 20
+    python -m benchmarks overlap -- actor_rollout_ref.rollout.n=8      # hydra overrides for both
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
 import shlex
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from benchmarks import argument_parser
+from recipe.one_step_off_async import runs
+from recipe.one_step_off_async.errors import RunFailed
+
 # The workload is the CPU profile as is (16 prompts x 4 samples, one actor update per step): at
 # staleness 0 its generation and training already take about the same time. Bigger batches, more
 # PPO epochs or smaller micro-batches did not raise the speedup (measured results in
 # docs/advance/one_step_off_async/results.md).
-ENTRY = [sys.executable, "-m", "recipe.one_step_off_async.main_ppo", "--config-name=one_step_off_ppo_cpu"]
-FIXED = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]")
+PROFILE = "one_step_off_ppo_cpu"
+FIXED = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1")
 SPLIT = {
     "step": "timing_s/step",
     "gen": "timing_s/gen",
@@ -153,69 +153,35 @@ class RunResult:
     cpu: CpuUsage
 
 
-def entry_command(staleness: int, steps: int, directory: Path, overrides: list[str]) -> list[str]:
-    return [
-        *ENTRY,
-        *FIXED,
-        f"async_training.staleness={staleness}",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.default_local_dir={directory / 'checkpoints'}",
-        *overrides,
-    ]
-
-
-def logged_steps(path: Path) -> dict[int, dict]:
-    steps: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        steps.setdefault(record["step"], {}).update(record["data"])
-    return steps
-
-
-def kill_tree(process: subprocess.Popen) -> None:
-    """Kill a run's driver and every process it started (Ray's daemons and workers would outlive it)."""
-    try:
-        children = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        children = []
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    process.kill()
-    process.wait()
+def overrides_of(staleness: int, steps: int, extra: list[str]) -> tuple[str, ...]:
+    return (*FIXED, f"async_training.staleness={staleness}", f"trainer.total_training_steps={steps}", *extra)
 
 
 def run(staleness: int, steps: int, directory: Path, overrides: list[str], timeout_s: float) -> RunResult:
     """One training run; CPU snapshots when step 2's and step N-1's metrics appear bound the steady state."""
-    directory.mkdir(parents=True, exist_ok=True)
-    metrics_path, log_path = directory / "metrics.jsonl", directory / "output.log"
+    metrics_path = directory / runs.METRICS
     metrics_path.unlink(missing_ok=True)
-    command = entry_command(staleness, steps, directory, overrides)
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_path)}
-    deadline = time.monotonic() + timeout_s
+    launch = runs.start(directory, *overrides_of(staleness, steps, overrides), profile=PROFILE)
+    meter = CpuMeter(launch.process.pid)
     snapshots: dict[int, CpuSnapshot] = {}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
-    meter = CpuMeter(process.pid)
-    while process.poll() is None:
-        if time.monotonic() > deadline:
-            kill_tree(process)
-            sys.exit(
-                f"staleness {staleness} did not finish within {timeout_s:g} s:\n  {shlex.join(command)}\nsee {log_path}"
-            )
+
+    def snapshot_at_the_boundaries() -> None:
         logged = metrics_path.read_bytes().count(b"\n") if metrics_path.exists() else 0
         for boundary in (2, steps - 1):
             if logged >= boundary and boundary not in snapshots:
                 snapshots[boundary] = meter.snapshot()
-        time.sleep(POLL_S)
-    if process.returncode != 0:
-        sys.exit(
-            f"staleness {staleness} failed with exit code {process.returncode}:\n  {shlex.join(command)}\n"
-            f"last lines of {log_path}:\n{log_path.read_text()[-4000:]}"
-        )
-    metrics = logged_steps(metrics_path)
+
+    label = f"staleness {staleness}"
+    try:
+        result = launch.wait(timeout_s, while_running=snapshot_at_the_boundaries).check(label)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(
+            f"{label} did not finish within {timeout_s:g} s:\n  {shlex.join(launch.command)}\n"
+            f"see {directory / runs.OUTPUT}"
+        ) from None
+    metrics = result.metrics
     if sorted(metrics) != list(range(1, steps + 1)) or len(snapshots) != 2:
-        sys.exit(f"staleness {staleness} logged steps {sorted(metrics)}, expected 1..{steps}; see {log_path}")
+        raise RunFailed(f"{label} logged steps {sorted(metrics)}, expected 1..{steps}; see {directory / runs.OUTPUT}")
     steady = [metrics[step] for step in range(3, steps)]
     means = {name: statistics.fmean(m[key] for m in steady) for name, key in SPLIT.items()}
     sync_ends = [metrics[step]["timeline/sync_end"] for step in range(2, steps)]
@@ -244,10 +210,10 @@ def report(results: dict[int, list[RunResult]], steps: int) -> None:
             result = results[staleness][repeat]
             print(row(f"s{staleness} run {repeat + 1}", result.means, result.cpu.run_cores, result.cpu.other_cores))
     medians = {}
-    for staleness, runs in results.items():
-        medians[staleness] = {column: statistics.median(r.means[column] for r in runs) for column in COLUMNS}
-        run_cores = statistics.median(r.cpu.run_cores for r in runs)
-        other_cores = statistics.median(r.cpu.other_cores for r in runs)
+    for staleness, repeats in results.items():
+        medians[staleness] = {column: statistics.median(r.means[column] for r in repeats) for column in COLUMNS}
+        run_cores = statistics.median(r.cpu.run_cores for r in repeats)
+        other_cores = statistics.median(r.cpu.other_cores for r in repeats)
         print(row(f"s{staleness} median", medians[staleness], run_cores, other_cores))
     sync, one_off = medians[0], medians[1]
 
@@ -259,7 +225,7 @@ def report(results: dict[int, list[RunResult]], steps: int) -> None:
         f"pairs: {statistics.median(pairs):.2f} ({', '.join(f'{pair:.2f}' for pair in pairs)})"
     )
     print(f"overlap efficiency: s0 {sync['efficiency']:.2f}, s1 {one_off['efficiency']:.2f}")
-    busiest = max(r.cpu.other_cores for runs in results.values() for r in runs)
+    busiest = max(r.cpu.other_cores for repeats in results.values() for r in repeats)
     if busiest > BUSY_MACHINE_CORES:
         print(
             f"warning: other processes used up to {busiest:.2f} of the {cores} cores during these runs; the two "
@@ -273,7 +239,7 @@ def report(results: dict[int, list[RunResult]], steps: int) -> None:
     )
 
     # The run with the median step time stands for its staleness.
-    typical = {s: sorted(runs, key=lambda r: r.means["step"])[len(runs) // 2] for s, runs in results.items()}
+    typical = {s: sorted(repeats, key=lambda r: r.means["step"])[len(repeats) // 2] for s, repeats in results.items()}
     usage = {s: result.cpu for s, result in typical.items()}
     names = sorted(set(usage[0].by_process) | set(usage[1].by_process), key=lambda n: -usage[1].per_step(n))
     print(f"\n{'CPU seconds per step, by process (the run with the median step time)':<72}{'s0':>8}{'s1':>8}")
@@ -290,22 +256,22 @@ def report(results: dict[int, list[RunResult]], steps: int) -> None:
         print(f"  {label:<70}" + "".join(f"{values[s]:>8.2f}" for s in (0, 1)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--steps", type=int, default=30, help="training steps per run; steady state is 3..steps-1")
     parser.add_argument("--repeats", type=int, default=3, help="runs per staleness, interleaved s0, s1, s0, s1, ...")
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_overlap"), help="a directory per run")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both configurations (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.steps < 5:
         parser.error("--steps must be at least 5: steps 1-2 and the last one are not steady state")
 
-    print(f"reproduce: {shlex.join(['python', 'scripts/bench_overlap.py', *sys.argv[1:]])}")
+    print(f"reproduce: {shlex.join(['python', '-m', 'benchmarks', 'overlap', *argv])}")
     for staleness in (0, 1):
-        print(
-            f"  s{staleness} runs: {shlex.join(entry_command(staleness, args.steps, args.out.resolve() / f's{staleness}-<n>', args.overrides))}"
-        )
+        directory = args.out.resolve() / f"s{staleness}-<n>"
+        line = runs.command(directory, overrides_of(staleness, args.steps, args.overrides), PROFILE)
+        print(f"  s{staleness} runs: {shlex.join(line)}")
     results: dict[int, list[RunResult]] = {0: [], 1: []}
     for repeat in range(1, args.repeats + 1):
         for staleness in (0, 1):
@@ -319,7 +285,3 @@ def main() -> None:
                 flush=True,
             )
     report(results, args.steps)
-
-
-if __name__ == "__main__":
-    main()

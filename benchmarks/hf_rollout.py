@@ -20,13 +20,12 @@ model is tiny and the responses short.
 Why: CPU rollouts must batch; a low ratio on line 2 means requests are not batched together.
 
 How:
-    python scripts/bench_hf_rollout.py                       # 64 prompts x 64 tokens, hidden 64 x 2 layers
-    python scripts/bench_hf_rollout.py --hidden-size 256 --layers 4 --max-tokens 128
+    python -m benchmarks hf-rollout                          # 64 prompts x 64 tokens, hidden 64 x 2 layers
+    python -m benchmarks hf-rollout --hidden-size 256 --layers 4 --max-tokens 128
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from benchmarks import argument_parser
 from recipe.one_step_off_async import verl_plugin
 
 # Before verl resolves its platform: this process and every Ray worker set up as a CPU launch does.
@@ -170,15 +170,15 @@ def generate_tokens_per_s(
     return max(rates)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--agent-workers", type=int, default=1, help="rollout.agent.num_workers")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method; the best one counts")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.num_prompts % args.agent_workers:
         parser.error("--num-prompts must be a multiple of --agent-workers (verl splits the batch evenly)")
 
@@ -216,7 +216,3 @@ def main() -> None:
         ("model.generate(), one batch", direct),
     ]:
         print(f"{name:<34} {rate:>18.0f}   {rate / direct:>19.2f}")
-
-
-if __name__ == "__main__":
-    main()

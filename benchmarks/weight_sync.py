@@ -9,11 +9,11 @@ pulling the next, as a rollout server does), ``finalize`` on every rank. A sync'
 first ``prepare`` to the last ``finalize``. A least-squares fit of time = fixed + bytes / bandwidth
 over all sizes prints the two numbers; the smallest size also gets its split by phase.
 
-- ``--backend gloo`` (default): the recipe's engine on CPU, ranks in spawned processes (helpers
-  from ``scripts/bench_gloo_engine.py``). ``--keep-group both`` (default) syncs every size with the
-  group rebuilt in every sync (``keep_group=False``, the engine before the group was kept) and
-  with the group kept across syncs, alternating on the same ranks (side by side), and prints the
-  ratio per size.
+- ``--backend gloo`` (default): the recipe's engine on CPU, ranks in spawned processes (helpers in
+  ``benchmarks/weight_sync_common.py``, shared with ``gloo-engine``). ``--keep-group both`` (default)
+  syncs every size with the group rebuilt in every sync (``keep_group=False``, the engine before the
+  group was kept) and with the group kept across syncs, alternating on the same ranks (side by side),
+  and prints the ratio per size.
 - ``--backend nccl``: verl's ``NCCLCheckpointEngine`` (cupy + CUDA) on one GPU. Its rendezvous
   goes through ``ray.util.collective``, so the ranks are local Ray actors (``num_gpus=0``: they all
   use ``cuda:0`` of what ``CUDA_VISIBLE_DEVICES`` shows the driver) and each gets its own
@@ -35,32 +35,26 @@ Why: a sync of the 0.4M-parameter demo model takes ~0.05 s on CPU and 0.36-0.55 
 of it fixed cost; this separates the fixed part from the per-byte part and shows the phases.
 
 How (from the repository root):
-    python scripts/bench_weight_sync.py                          # gloo, 2 receivers, keep_group off vs on
-    python scripts/bench_weight_sync.py --receivers 1 --reps 3 --max-params 20e6
-    python scripts/bench_weight_sync.py --backend nccl --receivers 1          # on a GPU machine
-    python scripts/bench_weight_sync.py --backend nccl --receivers 1 --bucket-mb 64
-    python scripts/bench_weight_sync.py --backend nccl --receivers 1 --dtype float32 --reps 2 \
+    python -m benchmarks weight-sync                             # gloo, 2 receivers, keep_group off vs on
+    python -m benchmarks weight-sync --receivers 1 --reps 3 --max-params 20e6
+    python -m benchmarks weight-sync --backend nccl --receivers 1             # on a GPU machine
+    python -m benchmarks weight-sync --backend nccl --receivers 1 --bucket-mb 64
+    python -m benchmarks weight-sync --backend nccl --receivers 1 --dtype float32 --reps 2 \\
         --shape qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-3b --json sync.json    # 13.6 GB a copy at 3B: ~40 GB of GPU
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
-import sys
-import time
-from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_gloo_engine, when run as a module too
-from bench_gloo_engine import Span, _gather, _span  # noqa: E402
+from benchmarks import argument_parser
+from benchmarks.weight_sync_common import WAIT_S, ProcessRanks, RankWorker, Sync, qwen2_shapes, run_sync
 
 # (hidden, intermediate, layers, vocab, attention heads, kv heads): ~0.1M, 0.4M, 2M, 10M, 40M, 120M params.
 CONFIGS = (
@@ -89,138 +83,6 @@ def shape_names(text: str) -> list[str]:
     return names
 
 
-def qwen2_shapes(hidden: int, intermediate: int, layers: int, vocab: int, heads: int, kv_heads: int) -> dict:
-    """Tensor names and shapes of a Qwen2ForCausalLM of this config (meta device: no memory)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        tie_word_embeddings=False,
-    )
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-
-
-class RankWorker:
-    """One rank of the benchmark: an engine, and the weights it sends or the model it loads into."""
-
-    def __init__(self, backend: str, engine_kwargs: dict) -> None:
-        if backend == "nccl":
-            import verl.checkpoint_engine.nccl_checkpoint_engine  # noqa: F401  (registers "nccl"; needs cupy)
-
-            torch.cuda.set_device(0)
-            self.device = torch.device("cuda", 0)
-        else:
-            import recipe.one_step_off_async.weight_sync.gloo  # noqa: F401  (registers "gloo")
-
-            torch.set_num_threads(1)
-            self.device = torch.device("cpu")
-        from verl.checkpoint_engine.base import CheckpointEngineRegistry
-
-        self.engine = CheckpointEngineRegistry.new(backend, **engine_kwargs)
-        self.tensors: dict[str, torch.Tensor] = {}
-
-    def invoke(self, method: str, *args):
-        return getattr(self, method)(*args)
-
-    def load(self, shapes: dict, dtype: str, sender: bool) -> int:
-        """The sender's random weights, or a receiver's model (zeros: every page touched)."""
-        make = torch.randn if sender else torch.zeros
-        self.tensors = {}  # the last size's freed first: at 3B in fp32 each copy is 13.6 GB
-        self.tensors = {
-            name: make(shape, dtype=getattr(torch, dtype), device=self.device) for name, shape in shapes.items()
-        }
-        self._synchronize()
-        return sum(tensor.nbytes for tensor in self.tensors.values())
-
-    def keep_group(self, keep: bool) -> None:
-        """The engine's own switch: gloo ``keep_group``, verl's nccl ``rebuild_group`` (its inverse)."""
-        if hasattr(self.engine, "keep_group"):
-            self.engine.keep_group = keep
-            return
-        from ray.util import collective
-
-        # verl's nccl engine destroys its group in finalize only when rebuild_group is set, and
-        # with it set it initializes the group without asking whether one exists: drop a kept one.
-        if not keep and collective.is_group_initialized(self.engine.group_name):
-            collective.destroy_collective_group(self.engine.group_name)
-        self.engine.rebuild_group = not keep
-
-    def engine_call(self, method: str, kwargs: dict):
-        return getattr(self.engine, method)(**kwargs)
-
-    def topology(self, receivers: int, metadata: list):
-        return type(self.engine).build_topology(1, receivers, metadata)
-
-    def send(self, version: int) -> tuple[Span, dict]:
-        metrics: dict = {}
-
-        def run() -> None:
-            nonlocal metrics
-            metrics = asyncio.run(self.engine.send_weights(iter(self.tensors.items()), global_steps=version)) or {}
-            self._synchronize()
-
-        return _span(run), metrics
-
-    def receive(self, version: int) -> tuple[Span, int, dict]:
-        received = 0
-
-        async def consume() -> None:
-            nonlocal received
-            async for name, tensor in self.engine.receive_weights(global_steps=version):
-                self.tensors[name].copy_(tensor)  # before the next: the engine reuses the tensor's memory
-                received += tensor.nbytes
-            self._synchronize()
-
-        span = _span(lambda: asyncio.run(consume()))
-        metrics = self.engine.receive_metrics() if hasattr(self.engine, "receive_metrics") else {}
-        return span, received, metrics
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-
-_worker: RankWorker | None = None  # the one worker of a spawned gloo rank process
-
-
-def _start_worker(backend: str, engine_kwargs: dict) -> None:
-    global _worker
-    _worker = RankWorker(backend, engine_kwargs)
-
-
-def _invoke(method: str, *args):
-    return _worker.invoke(method, *args)
-
-
-class ProcessRanks:
-    """gloo: each rank a spawned process (``ProcessPoolExecutor`` of one)."""
-
-    def __init__(self, engine_kwargs: list[dict]) -> None:
-        self._ranks = [
-            ProcessPoolExecutor(
-                max_workers=1, mp_context=get_context("spawn"), initializer=_start_worker, initargs=("gloo", kwargs)
-            )
-            for kwargs in engine_kwargs
-        ]
-
-    def submit(self, rank: int, method: str, *args) -> Future:
-        return self._ranks[rank].submit(_invoke, method, *args)
-
-    def get(self, futures: list) -> list:
-        return _gather(futures)
-
-    def close(self) -> None:
-        for executor in self._ranks:
-            executor.shutdown(wait=True, cancel_futures=True)
-
-
 class RayRanks:
     """nccl: each rank a local Ray actor with no Ray GPU (all share ``cuda:0``) and its own NCCL_HOSTID."""
 
@@ -235,57 +97,22 @@ class RayRanks:
         actor = ray.remote(num_gpus=0, num_cpus=1)(RankWorker)
         self._ranks = [
             actor.options(runtime_env={"env_vars": {"NCCL_HOSTID": f"bench-weight-sync-rank{rank}"}}).remote(
-                "nccl", kwargs
+                {"nccl": kwargs}, "cuda"
             )
             for rank, kwargs in enumerate(engine_kwargs)
         ]
+
+    def __len__(self) -> int:
+        return len(self._ranks)
 
     def submit(self, rank: int, method: str, *args):
         return self._ranks[rank].invoke.remote(method, *args)
 
     def get(self, futures: list) -> list:
-        return self._ray.get(futures, timeout=600)
+        return self._ray.get(futures, timeout=WAIT_S)
 
     def close(self) -> None:
         self._ray.shutdown()
-
-
-@dataclass
-class Sync:
-    """Driver-side seconds of one sync's phases, and the engine's own metrics."""
-
-    prepare: float
-    init: float
-    transfer: float
-    finalize: float
-    sender: dict
-    receiver: dict
-
-    @property
-    def total(self) -> float:
-        return self.prepare + self.init + self.transfer + self.finalize
-
-
-def run_sync(ranks, receivers: int, nbytes: int, version: int) -> Sync:
-    everyone = range(1 + receivers)
-    t0 = time.monotonic()
-    metadata = ranks.get([ranks.submit(rank, "engine_call", "prepare", {}) for rank in everyone])
-    t1 = time.monotonic()
-    actor_kwargs, rollout_kwargs = ranks.get([ranks.submit(0, "topology", receivers, metadata)])[0]
-    init_kwargs = [{key: values[0] for key, values in actor_kwargs.items()}] + [
-        {key: values[i] for key, values in rollout_kwargs.items()} for i in range(receivers)
-    ]
-    ranks.get([ranks.submit(rank, "engine_call", "init_process_group", init_kwargs[rank]) for rank in everyone])
-    t2 = time.monotonic()
-    futures = [ranks.submit(0, "send", version)] + [ranks.submit(rank, "receive", version) for rank in everyone[1:]]
-    (_, sender), *received = ranks.get(futures)
-    t3 = time.monotonic()
-    ranks.get([ranks.submit(rank, "engine_call", "finalize", {}) for rank in everyone])
-    t4 = time.monotonic()
-    if any(got != nbytes for _, got, _ in received):
-        raise RuntimeError(f"a receiver got {[got for _, got, _ in received]} bytes of {nbytes}")
-    slowest = {key: max(metrics[key] for _, _, metrics in received) for key in received[0][2]}
-    return Sync(t1 - t0, t2 - t1, t3 - t2, t4 - t3, sender, slowest)
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -310,7 +137,7 @@ def bench(args, modes: tuple[bool, ...], shapes: list[dict]) -> dict[bool, list[
     everyone = range(1 + receivers)
     kwargs = {"bucket_size": args.bucket_mb << 20}
     if args.backend == "gloo":
-        ranks = ProcessRanks([{**kwargs, "timeout_s": 300, "is_master": rank == 0} for rank in everyone])
+        ranks = ProcessRanks([{"gloo": {**kwargs, "timeout_s": 300, "is_master": rank == 0}} for rank in everyone])
     else:
         ranks = RayRanks([{**kwargs, "is_master": rank == 0} for rank in everyone])
     results: dict[bool, list[list[Sync]]] = {keep: [] for keep in modes}
@@ -325,7 +152,7 @@ def bench(args, modes: tuple[bool, ...], shapes: list[dict]) -> dict[bool, list[
                     ranks.get([ranks.submit(rank, "keep_group", keep) for rank in everyone])
                     for timed in (False, True):
                         version += 1
-                        sync = run_sync(ranks, receivers, nbytes, version)
+                        sync = run_sync(ranks, nbytes, version)
                         if timed:
                             results[keep][-1].append(sync)
             params = sum(torch.Size(s).numel() for s in shape.values())
@@ -362,8 +189,8 @@ def print_phases(label: str, syncs: list[Sync]) -> None:
                 print(f"    {label:<28} {ms([getattr(sync, key)[metric] for sync in syncs])}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--receivers", type=int, default=2)
     parser.add_argument(
@@ -386,7 +213,7 @@ def main() -> None:
         help="keep the engine's group across syncs (gloo keep_group, nccl not rebuild_group), or compare both "
         "(default: both for gloo; on for nccl, verl's default)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.bucket_mb is None:
         args.bucket_mb = 16 if args.backend == "gloo" else 2048
     if args.keep_group is None:
@@ -458,7 +285,3 @@ def write_json(args, modes, labels: list[str], nbytes_per_size: list[int], resul
         fixed, bandwidth = fit([(size["bytes"], size["median_sync_s"]) for size in sizes])
         summary["groups"][MODE[keep]] = {"sizes": sizes, "fit_fixed_s": fixed, "fit_gb_per_s": bandwidth / 1e9}
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,24 +1,25 @@
 """The docs' figure of staleness 0 vs 1 per off-policy correction: mean and range over seeds, one panel per task.
 
-What: reads one or more ``summary.json`` written by ``scripts/staleness_parity.py`` (each invocation writes
-its own) and draws, for each task of each summary (columns, titled with the task and its seeds) and each
-chosen candidate (rows), the validation curve at staleness 1 and that of its staleness-0 baseline, the mean
-over seeds as a line and the range over seeds as a band.
+What: reads one or more ``summary.json`` written by ``python -m benchmarks learning --grid staleness-parity``
+(each invocation writes its own) and draws, for each task of each summary (columns, titled with the task and
+its seeds) and each chosen candidate (rows), the validation curve at staleness 1 and that of its staleness-0
+baseline, the mean over seeds as a line and the range over seeds as a band.
 
 Why: the default correction is chosen by this measurement; the figures show what the tables summarise
 (docs/advance/staleness_parity.png: the screen; staleness_parity_confirm.png: the confirmation, drawn with
 ``--summary <graded fresh seeds>.json <binary>.json --candidates token_is bypass no_correction``).
 
-How: ``python scripts/staleness_parity_figure.py [--summary outputs/staleness_parity/summary.json ...]
+How: ``python -m benchmarks staleness-parity-figure [--summary outputs/staleness_parity/summary.json ...]
 [--candidates token_is bypass] [--out docs/advance/staleness_parity.png]``
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
+
+from benchmarks import argument_parser
 
 METRIC_NAMES = {"binary": "exact-match accuracy", "graded": "graded reward (share of positions right)"}
 
@@ -35,12 +36,12 @@ def band(curves: dict[str, dict[str, float]]) -> tuple[list[int], list[float], l
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--summary", type=Path, nargs="+", default=[Path("outputs/staleness_parity/summary.json")])
     parser.add_argument("--candidates", nargs="+", help="rows to draw (default: every candidate of every task)")
     parser.add_argument("--out", type=Path, default=Path("docs/advance/staleness_parity.png"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     columns = [
         (task, rows, summary)
         for summary in args.summary
@@ -51,7 +52,9 @@ def main() -> None:
         f"{name} on {task} ({summary})" for task, rows, summary in columns for name in candidates if name not in rows
     ]
     if missing:
-        raise SystemExit(f"no rows for {', '.join(missing)}; run scripts/staleness_parity.py first.")
+        raise SystemExit(
+            f"no rows for {', '.join(missing)}; run python -m benchmarks learning --grid staleness-parity first."
+        )
 
     import matplotlib
 
@@ -84,7 +87,3 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out)
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

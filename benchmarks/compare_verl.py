@@ -1,5 +1,7 @@
-"""verl's own one-step-off trainer and this recipe, side by side on CPU: what validation scores, what a resume
-trains next, and steps per minute. The measurements behind "Why this recipe" in the docs.
+"""verl's own one-step-off trainer and this recipe side by side on CPU: validation, resume, steps per minute.
+
+What validation scores, what a resume trains next, and steps per minute: the measurements behind "Why this
+recipe" in the docs.
 
 What: runs verl 0.9.1's ``verl.experimental.one_step_off_policy.main_ppo`` and the recipe's ``main_ppo`` on
 the built-in task with the same settings (the CPU profile's model, data, batch, learning rate; both on the
@@ -16,23 +18,22 @@ CPU), three runs each:
 
 Why: claims about verl's trainers are measured, not read off their code.
 
-How: ``python scripts/compare_verl_one_step_off.py [--steps 20] [--out outputs/compare_verl]`` (about ten
-minutes on 2 cores; an idle machine for the timing). verl's trainer fails at its first data dump in 0.9.1
-(``_dump_executor`` never created); ``verl_one_step_off_dumps.py``, loaded into its processes, creates it. verl's V1 ``separate_async`` trainer is not part of it:
-it needs the TransferQueue package (verl's ``verl-core`` extra) and a GPU weight-sync backend.
+How: ``python -m benchmarks compare-verl [--steps 20] [--out outputs/compare_verl]`` (about ten minutes on 2
+cores; an idle machine for the timing). verl's trainer fails at its first data dump in 0.9.1
+(``_dump_executor`` never created); ``benchmarks/verl_one_step_off_dumps.py``, loaded into its processes,
+creates it. verl's V1 ``separate_async`` trainer is not part of it: it needs the TransferQueue package (verl's
+``verl-core`` extra) and a GPU weight-sync backend.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
+from benchmarks import argument_parser
+from recipe.one_step_off_async import runs
 from recipe.one_step_off_async.demo.assets import ensure_assets
 from recipe.one_step_off_async.platforms import cpu
 
@@ -75,62 +76,55 @@ VERL_ON_CPU = [
     "algorithm.adv_estimator=grpo",
     "+ray_kwargs.ray_init.num_cpus=32",  # its task runner asks for 10 CPUs of Ray's
 ]
+# trainer: (module, config name (None: the module's own), overrides)
 TRAINERS = {
-    "verl one_step_off_policy": ("verl.experimental.one_step_off_policy.main_ppo", VERL_ON_CPU),
-    "recipe": ("recipe.one_step_off_async.main_ppo", ["--config-name=one_step_off_ppo_cpu"]),
+    "verl one_step_off_policy": ("verl.experimental.one_step_off_policy.main_ppo", None, VERL_ON_CPU),
+    "recipe": (runs.ENTRY_MODULE, "one_step_off_ppo_cpu", []),
 }
+# Loaded into every process of verl's run (its Ray workers too): starts the data-dump executor verl never starts.
+DUMPS_PATCH = "benchmarks.verl_one_step_off_dumps"
 
 
-def run(trainer: str, directory: Path, overrides: list[str]) -> dict[int, dict]:
-    """One run in a new ``directory``; its metrics by step (verl's ``file`` logger)."""
-    module, own = TRAINERS[trainer]
-    assets = ensure_assets()
+def run(trainer: str, directory: Path, overrides: list[str]) -> runs.Run:
+    """One run in a new ``directory``, its batches and validations dumped there."""
+    module, profile, own = TRAINERS[trainer]
     directory.mkdir(parents=True)
-    command = [
-        sys.executable,
-        "-m",
-        module,
+    env = {}
+    if profile is None:  # verl's trainer: the task's files, what the recipe's launch gives its workers (the
+        # plugin, the CPU platform), and the patch without which it fails at its first data dump
+        own = [*own, *ensure_assets().verl_overrides()]
+        env.update(cpu.env_vars())
+        env["VERL_USE_EXTERNAL_MODULES"] = f"recipe.one_step_off_async.verl_plugin,{DUMPS_PATCH}"
+        # The runs start in folders of their own: the repository root (where this package is) on their path.
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return runs.run(
+        directory,
         *own,
-        *(assets.verl_overrides() if trainer != "recipe" else []),
-        "trainer.logger=[file]",
-        f"trainer.default_local_dir={directory / 'checkpoints'}",
-        f"trainer.rollout_data_dir={directory / 'rollouts'}",
+        runs.dump_rollouts(directory),
         f"trainer.validation_data_dir={directory / 'validation'}",
         f"hydra.run.dir={directory / 'hydra'}",
         *overrides,
-    ]
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(directory / "metrics.jsonl")}
-    if trainer != "recipe":  # what the recipe's launch gives its workers (the plugin, the CPU platform), and
-        # verl_one_step_off_dumps.py, without which verl's trainer fails at its first data dump
-        env.update(cpu.env_vars())
-        env["VERL_USE_EXTERNAL_MODULES"] = "recipe.one_step_off_async.verl_plugin,verl_one_step_off_dumps"
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), env.get("PYTHONPATH")]))
-    with open(directory / "output.log", "w") as log:
-        result = subprocess.run(command, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        sys.exit(f"{trainer} failed (exit {result.returncode}); see {directory / 'output.log'}")
-    by_step: dict[int, dict] = {}
-    for line in (directory / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        by_step.setdefault(record["step"], {}).update(record["data"])
-    return by_step
+        profile=profile,
+        env=env,
+        module=module,
+    ).check(trainer)
 
 
-def answers(directory: Path, step: int) -> dict[str, str]:
-    """Prompt -> answer of the dump of ``step`` (validation or rollout folder)."""
-    rows = [json.loads(line) for line in (directory / f"{step}.jsonl").read_text().splitlines()]
-    return {row["input"]: row["output"] for row in rows}
+def answers(run: runs.Run, step: int) -> dict[str, str]:
+    """Prompt -> answer of the validation at ``step``."""
+    return {row["input"]: row["output"] for row in run.dumped(step, "validation")}
 
 
-def prompts(directory: Path, step: int) -> list[str]:
-    return sorted(json.loads(line)["input"] for line in (directory / f"{step}.jsonl").read_text().splitlines())
+def prompts(run: runs.Run, step: int) -> list[str]:
+    return sorted(run.prompts(step))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> None:
+    parser = argument_parser(__name__, __doc__)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("outputs/compare_verl"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.out = args.out.resolve()  # the runs start in folders of their own
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -138,16 +132,17 @@ def main() -> None:
     for trainer in TRAINERS:
         folder = args.out / trainer.replace(" ", "_")
         first = folder / "validate_and_save"
-        metrics = run(
+        validated = run(
             trainer,
             first,
             ["trainer.total_training_steps=4", "trainer.test_freq=1", "trainer.val_before_train=true"]
             + ["trainer.save_freq=2", "trainer.resume_mode=disable", f"actor_rollout_ref.actor.optim.lr={BIG_LR}"],
         )
-        before = answers(first / "validation", 0)
+        metrics = validated.metrics
+        before = answers(validated, 0)
         print(f"\n{trainer}:")
         for step in range(1, 5):  # an update with grad norm 0 (every advantage 0) leaves the weights as they were
-            after = answers(first / "validation", step)
+            after = answers(validated, step)
             same = sum(before[prompt] == after.get(prompt) for prompt in before)
             print(
                 f"  validation after step {step}: {same}/{len(before)} answers identical to those before training "
@@ -155,17 +150,16 @@ def main() -> None:
                 f"{metrics[step]['actor/grad_norm']:.2f})"
             )
 
-        resumed = folder / "resume_from_step_2"
         checkpoint = first / "checkpoints" / "global_step_2"
-        run(
+        resumed = run(
             trainer,
-            resumed,
+            folder / "resume_from_step_2",
             ["trainer.total_training_steps=4", "trainer.test_freq=-1", "trainer.val_before_train=false"]
             + ["trainer.save_freq=-1", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"],
         )
         for step in (3, 4):
-            kept = prompts(first / "rollouts", step) == prompts(resumed / "rollouts", step)
-            also = [s for s in range(1, 5) if prompts(first / "rollouts", s) == prompts(resumed / "rollouts", step)]
+            kept = prompts(validated, step) == prompts(resumed, step)
+            also = [s for s in range(1, 5) if prompts(validated, s) == prompts(resumed, step)]
             print(
                 f"  resumed from step 2, step {step} trains the prompts of the uninterrupted run's step "
                 f"{also[0] if also else 'none'}" + (" (the same step)" if kept else " (not the same step)")
@@ -176,11 +170,7 @@ def main() -> None:
             folder / "timing",
             [f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=false"]
             + ["trainer.save_freq=-1", "trainer.resume_mode=disable"],
-        )
+        ).metrics
         steps = [timed[step]["timing_s/step"] for step in sorted(timed) if step > 2 and "timing_s/step" in timed[step]]
         median = statistics.median(steps)
         print(f"  steps {3}-{args.steps}: median step {median:.2f} s, {60 / median:.1f} steps/min")
-
-
-if __name__ == "__main__":
-    main()

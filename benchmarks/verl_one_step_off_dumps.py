@@ -1,4 +1,4 @@
-"""Loaded into every process of verl's one-step-off run by ``compare_verl_one_step_off.py``: starts the data-dump
+"""Loaded into every process of verl's one-step-off run by ``benchmarks/compare_verl.py``: starts the data-dump
 executor verl 0.9.1's ``OneStepOffRayTrainer.fit`` never starts (with ``trainer.rollout_data_dir`` or
 ``trainer.validation_data_dir`` set, its first dump raises ``AttributeError: ... no attribute '_dump_executor'``),
 so the comparison can read the prompts and answers of its runs. Nothing else of verl's trainer changes."""

@@ -1,0 +1,493 @@
+"""Does a setting learn as much per step as another? One experiment, in named grids (``--grid``).
+
+What: a grid trains every one of its settings with a few seeds through the real entry point (``data.seed`` =
+``actor_rollout_ref.rollout.seed`` = seed: the settings of a seed train on the same prompts in the same
+order), validates greedily on the held-out prompts at step 0 and every ``test_freq`` steps, reads each run's
+validation score by step (the task's ``val-core/<data source>/<score>/mean@1``) and compares the settings'
+gains. Runs go ``--jobs`` at a time, seed-major (a grid cut short has whole seeds). A run's folder keeps
+its metrics, its log and ``validation.json``; a finished run with the same profile, overrides, steps and
+validation period is not run again, so a cut grid resumes (a run with other settings or an interrupted one
+starts again). Hydra overrides after ``--`` go to every run of the grid (give such a grid its own ``--out``).
+
+--grid staleness-parity: does staleness 1 learn as much per step as staleness 0? The off-policy
+corrections, measured side by side. The CPU profile's real entry point, STEPS steps per run, on the
+built-in sort task (``binary``: all or nothing) and its graded variant (``graded``: partial credit per
+position), for each candidate correction at staleness 1 and its staleness-0 baseline, over paired seeds
+(the s1 and s0 runs of a seed train on the same prompts in the same order). Validation every
+PARITY_TEST_FREQ steps on the 128 held-out prompts (greedy). Printed per task and candidate:
+
+- gain: the mean validation over the final window (steps FINAL_WINDOW) minus step 0 (every run starts
+  from the same weights, so step 0 is the same in all runs), mean over seeds;
+- s1/s0: the ratio of the mean gains;
+- s1 - s0: the paired difference of the final scores, mean, its standard error over seeds, and t;
+- the curve: mean validation per validated step, s1 and s0.
+
+At staleness 0 the rollout samples with the actor's exact weights, so the candidates that differ only
+in ``algorithm.rollout_correction`` (and partial rollout, which at staleness 0 has nothing in flight
+to interrupt) share one staleness-0 baseline; a policy loss gets its own. Why: the recipe promises faster
+steps with the same learning. The default correction must be the one that keeps staleness 1's gain
+closest to staleness 0's, measured on a task where advantages are graded as well as on the binary one
+(docs/advance/one_step_off_async/configuration.md, "Off-policy correction: the default and why"). The
+s1/s0 ratio is unstable when a baseline gains little: read it with the paired difference. ``partial``
+depends on timing (where a sync interrupts a request), so its runs vary with the load of the machine
+more than the others. A summary (per-seed finals, curves, the table) goes to ``<out>/summary.json`` for
+``python -m benchmarks staleness-parity-figure``.
+
+--grid partial-rollout: does partial rollout learn as well as today's mode? Validation gain at
+staleness 1, both modes, per task. For each task (the built-in sort task, ``one_step_off_ppo_cpu``; the
+long-tail task, ``one_step_off_ppo_cpu_long_tail``) and each seed, runs the real entry point at
+staleness 1 with ``async_training.partial_rollout`` false and true side by side (the two runs share the
+machine), validating at step 0 and every PARTIAL_TEST_FREQ steps. A run's gain is the mean of its last
+two validations minus its step-0 validation (the method of ``tests/test_e2e_convergence_on_cpu.py``).
+Per task it prints every seed's gains, the mean gain per mode, their difference, the pooled standard
+error sqrt(sd_a^2 / n + sd_b^2 / n), and whether the difference is within 2 of them. About 3 min per
+seed and task.
+
+--grid loss-table: greedy validation accuracy of each policy loss on the built-in task, the table in
+docs/advance/off_policy_losses.md. The CPU profile's real entry point, ``--steps`` training steps per
+run, for every (loss, staleness) in LOSS_GRID and every seed; the accuracy of the 128 held-out prompts
+read back at every step all runs validated (every LOSS_TEST_FREQ steps, and the last). Why: to show how
+the recipe's off-policy losses (``topr``, ``kimi15``, ``tis_pg``, ``reinforce``) compare with verl's
+``vanilla`` (PPO-clip) and ``cispo`` at staleness 1, and with the synchronous baseline (``vanilla`` at
+staleness 0), measured rather than assumed. Extra hydra overrides, e.g.
+``actor_rollout_ref.actor.ppo_mini_batch_size=4`` for several updates per batch. Runs go one at a
+time (each ~1.5 min on 2 cores). Prints a markdown table: mean (sd) over seeds.
+
+How (from the repository root, with the project's virtualenv active)::
+
+    # staleness parity, screen: every candidate, graded task, 4 seeds
+    python -m benchmarks learning --grid staleness-parity --tasks graded --seeds 0 1 2 3
+    # confirm: today's default and the best candidates on fresh seeds (not those the screen picked on)
+    python -m benchmarks learning --grid staleness-parity --tasks graded binary --seeds 4 5 6 7 8 9 10 11 \\
+        --candidates token_is bypass no_correction
+    python -m benchmarks learning --grid partial-rollout                 # 3 seeds, 30 steps, both tasks
+    python -m benchmarks learning --grid partial-rollout --seeds 0 1 2 3 --steps 40 --tasks long_tail
+    python -m benchmarks learning --grid loss-table [--seeds 0 1 2] [--steps 40] [--out outputs/loss_table] \\
+        [--rows topr vanilla] [-- overrides...]
+    python -m benchmarks learning --grid loss-table --help             # a grid's own options
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import tempfile
+from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from benchmarks import argument_parser
+from recipe.one_step_off_async import runs
+from recipe.one_step_off_async.errors import RunFailed
+
+VALIDATION = "validation.json"  # in a finished run's folder: its settings and validation curve
+
+Curve = dict[int, float]  # validation score by step
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of a grid: a setting trained with one seed."""
+
+    label: str  # names it in progress lines and errors, e.g. "graded token_is s1 seed 0"
+    folder: Path
+    profile: str
+    seed: int
+    overrides: tuple[str, ...]  # the setting's
+
+
+def validation_curve(metrics: dict[int, dict]) -> Curve:
+    """The task's validation score by step, for the steps that validated: its one ``val-core/.../mean@1`` metric
+    (verl logs one per data source; a grid's profiles have one data source)."""
+    curve = {}
+    for step, values in sorted(metrics.items()):
+        scores = [key for key in values if key.startswith("val-core/") and key.endswith("/mean@1")]
+        if len(scores) > 1:
+            raise ValueError(f"step {step} logged {len(scores)} validation scores, expected one: {scores}")
+        if scores:
+            curve[step] = values[scores[0]]
+    return curve
+
+
+def say(line: str) -> None:
+    """Print a progress line in one write: the lines of runs that end together do not interleave."""
+    print(line + "\n", end="", flush=True)
+
+
+def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> Curve:
+    """The validation curve of ``trial``, run now unless its folder holds a finished run with the same settings."""
+    overrides = (f"data.seed={trial.seed}", f"actor_rollout_ref.rollout.seed={trial.seed}", *trial.overrides, *extra)
+    settings = {"overrides": list(overrides), "steps": steps, "test_freq": test_freq, "config": trial.profile}
+    done = trial.folder / VALIDATION
+    if done.exists():
+        saved = json.loads(done.read_text())
+        if {key: saved.get(key) for key in settings} == settings:
+            return {int(step): value for step, value in saved["curve"].items()}
+        say(f"{trial.folder}: measured with other settings ({saved.get('overrides')}); running it again")
+    if trial.folder.exists():  # an interrupted run, or other settings: start it again
+        shutil.rmtree(trial.folder)
+    run = runs.run(
+        trial.folder,
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={test_freq}",
+        "trainer.val_before_train=true",
+        f"hydra.run.dir={trial.folder / 'hydra'}",
+        *overrides,
+        profile=trial.profile,
+    ).check(trial.label)
+    curve = validation_curve(run.metrics)
+    if steps not in curve or 0 not in curve:
+        raise RunFailed(f"{trial.label}: no validation at step 0 and {steps}; see {trial.folder / runs.OUTPUT}")
+    done.write_text(json.dumps({**settings, "curve": curve}))
+    say(f"{trial.label}: {run.seconds:.0f} s")
+    return curve
+
+
+def train_all(
+    trials: dict[Hashable, Trial], steps: int, test_freq: int, jobs: int, extra: tuple[str, ...]
+) -> dict[Hashable, Curve]:
+    """Every trial's curve; ``jobs`` runs at a time, started in the order of ``trials``."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {key: pool.submit(train, trial, steps, test_freq, extra) for key, trial in trials.items()}
+        try:
+            return {key: future.result() for key, future in futures.items()}
+        except BaseException:  # a failed run or Ctrl-C: start no more runs
+            for future in futures.values():
+                future.cancel()
+            raise
+
+
+class Grid(Protocol):
+    """A named grid: its options, its trials, the steps and validation period of its runs, and its report."""
+
+    jobs: int  # runs at a time, by default
+    out: str | None  # where its runs go, by default (None: a temporary folder)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def schedule(self, args: argparse.Namespace) -> tuple[int, int]:
+        """(training steps, validation period) of every run."""
+        ...
+
+    def trials(self, args: argparse.Namespace) -> dict[Hashable, Trial]:
+        """The runs, in the order they start; raises ``ValueError`` for options it cannot run."""
+        ...
+
+    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+        """Print what the curves show (and write what the grid keeps)."""
+        ...
+
+
+# --- staleness-parity ------------------------------------------------------------------------------------------
+
+STEPS = 40
+PARITY_TEST_FREQ = 5
+FINAL_WINDOW = (30, 35, 40)
+PARITY_TASKS = {"binary": "one_step_off_ppo_cpu", "graded": "one_step_off_ppo_cpu_graded"}  # task: config name
+CORRECTION = "algorithm.rollout_correction"
+LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
+# candidate: (overrides at both stalenesses, name of its staleness-0 baseline)
+CANDIDATES: dict[str, tuple[list[str], str]] = {
+    # The recipe's default today: decoupled PPO, token-level truncated IS (pi_old / pi_rollout, capped at 2).
+    "token_is": ([], "ppo"),
+    # verl's bypass mode: no recomputed old log-prob, PPO clip on pi / pi_rollout.
+    "bypass": ([f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_is=null"], "ppo"),
+    # Sequence-level truncated IS (product of token ratios, capped at 2).
+    "seq_is": ([f"{CORRECTION}.rollout_is=sequence"], "ppo"),
+    # Decoupled PPO with no IS weight: the stale samples taken as if on-policy.
+    "no_correction": ([f"{CORRECTION}.rollout_is=null"], "ppo"),
+    # Token-level IS with a looser cap.
+    "token_is_cap5": ([f"{CORRECTION}.rollout_is_threshold=5.0"], "ppo"),
+    # Partial rollout (today's correction): requests in flight continue under the new weights.
+    "partial": (["async_training.partial_rollout=true"], "ppo"),
+    # The off-policy losses (with today's correction); each has its own staleness-0 baseline.
+    "kimi15": ([f"{LOSS}=kimi15"], "kimi15"),
+    "topr": ([f"{LOSS}=topr"], "topr"),
+    "cispo": ([f"{LOSS}=cispo"], "cispo"),
+}
+
+
+def baseline_overrides(baseline: str) -> list[str]:
+    return [] if baseline == "ppo" else [f"{LOSS}={baseline}"]
+
+
+def final(curve: Curve) -> float:
+    return statistics.mean(curve[step] for step in FINAL_WINDOW)
+
+
+def compare(s1: dict[int, Curve], s0: dict[int, Curve]) -> dict:
+    """The table's row for one candidate: s1 and s0 curves by seed."""
+    seeds = sorted(s1)
+    gain1 = [final(s1[seed]) - s1[seed][0] for seed in seeds]
+    gain0 = [final(s0[seed]) - s0[seed][0] for seed in seeds]
+    diffs = [final(s1[seed]) - final(s0[seed]) for seed in seeds]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    steps = sorted(set.intersection(*(set(curve) for curve in [*s1.values(), *s0.values()])))
+    return {
+        "seeds": seeds,
+        "gain_s1": statistics.mean(gain1),
+        "gain_s0": statistics.mean(gain0),
+        "ratio": statistics.mean(gain1) / statistics.mean(gain0),
+        "diff": statistics.mean(diffs),
+        "diff_se": se,
+        "diffs": diffs,
+        "final_s1": [final(s1[seed]) for seed in seeds],
+        "final_s0": [final(s0[seed]) for seed in seeds],
+        "curve_s1": {step: statistics.mean(s1[seed][step] for seed in seeds) for step in steps},
+        "curve_s0": {step: statistics.mean(s0[seed][step] for seed in seeds) for step in steps},
+        "curves_s1": {seed: s1[seed] for seed in seeds},
+        "curves_s0": {seed: s0[seed] for seed in seeds},
+    }
+
+
+def print_parity_table(task: str, rows: dict[str, dict]) -> None:
+    first = next(iter(rows.values()))
+    print(
+        f"\n{task} task, {STEPS} steps, seeds {', '.join(map(str, first['seeds']))}; final = mean of steps "
+        f"{', '.join(map(str, FINAL_WINDOW))}; gain = final - step 0\n"
+    )
+    print("| candidate | gain s1 | gain s0 | s1/s0 | s1 - s0 (SE) | t |")
+    print("|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        t = row["diff"] / row["diff_se"] if row["diff_se"] else float("nan")
+        print(
+            f"| `{name}` | {row['gain_s1']:.3f} | {row['gain_s0']:.3f} | {row['ratio']:.2f} | "
+            f"{row['diff']:+.3f} ({row['diff_se']:.3f}) | {t:+.1f} |"
+        )
+    print("\nMean validation per step, s1 / s0:\n")
+    steps = list(first["curve_s1"])
+    print("| candidate | " + " | ".join(f"{step}" for step in steps) + " |")
+    print("|---|" + "---|" * len(steps))
+    for name, row in rows.items():
+        cells = [f"{row['curve_s1'][step]:.3f} / {row['curve_s0'][step]:.3f}" for step in steps]
+        print(f"| `{name}` | " + " | ".join(cells) + " |")
+
+
+class StalenessParity:
+    jobs = 2  # two runs share 2 cores well
+    out = "outputs/staleness_parity"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--tasks", nargs="+", choices=sorted(PARITY_TASKS), default=["graded"])
+        parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+        parser.add_argument("--candidates", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
+
+    def schedule(self, args: argparse.Namespace) -> tuple[int, int]:
+        return STEPS, PARITY_TEST_FREQ
+
+    def trials(self, args: argparse.Namespace) -> dict[Hashable, Trial]:
+        """Every (task, candidate or baseline, staleness, seed) once."""
+        trials = {}
+        for seed in args.seeds:
+            for task in args.tasks:
+                for name in args.candidates:
+                    overrides, baseline = CANDIDATES[name]
+                    for setting, staleness, extra in (
+                        (name, 1, overrides),
+                        (baseline, 0, baseline_overrides(baseline)),
+                    ):
+                        trials[task, setting, staleness, seed] = Trial(
+                            f"{task} {setting} s{staleness} seed {seed}",
+                            args.out / task / f"{setting}_s{staleness}_seed{seed}",
+                            PARITY_TASKS[task],
+                            seed,
+                            (f"async_training.staleness={staleness}", *extra),
+                        )
+        return trials
+
+    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+        summary = {"steps": STEPS, "test_freq": PARITY_TEST_FREQ, "final_window": FINAL_WINDOW, "tasks": {}}
+        for task in args.tasks:
+            rows = {}
+            for name in args.candidates:
+                baseline = CANDIDATES[name][1]
+                rows[name] = compare(
+                    {seed: curves[task, name, 1, seed] for seed in args.seeds},
+                    {seed: curves[task, baseline, 0, seed] for seed in args.seeds},
+                )
+            print_parity_table(task, rows)
+            summary["tasks"][task] = rows
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"\nsummary: {args.out / 'summary.json'}")
+
+
+# --- partial-rollout -------------------------------------------------------------------------------------------
+
+PARTIAL_TASKS = {"sort": "one_step_off_ppo_cpu", "long_tail": "one_step_off_ppo_cpu_long_tail"}
+MODES = {"today": "async_training.partial_rollout=false", "partial": "async_training.partial_rollout=true"}
+PARTIAL_TEST_FREQ = 10
+
+
+class PartialRolloutLearning:
+    jobs = 2  # a seed's two modes side by side
+    out = None
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        parser.add_argument("--steps", type=int, default=30)
+        parser.add_argument("--tasks", nargs="+", choices=list(PARTIAL_TASKS), default=list(PARTIAL_TASKS))
+
+    def schedule(self, args: argparse.Namespace) -> tuple[int, int]:
+        return args.steps, PARTIAL_TEST_FREQ
+
+    def trials(self, args: argparse.Namespace) -> dict[Hashable, Trial]:
+        return {
+            (task, seed, mode): Trial(
+                f"{task} seed {seed} {mode}",
+                args.out / task / f"seed{seed}_{mode}",
+                PARTIAL_TASKS[task],
+                seed,
+                ("async_training.staleness=1", override),
+            )
+            for task in args.tasks
+            for seed in args.seeds
+            for mode, override in MODES.items()
+        }
+
+    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+        for task in args.tasks:
+            gains: dict[str, list[float]] = {mode: [] for mode in MODES}
+            for seed in args.seeds:
+                for mode in MODES:
+                    gains[mode].append(self.gain(curves[task, seed, mode], args.steps))
+                print(
+                    f"{task} seed {seed}: "
+                    + ", ".join(f"{mode} gain {values[-1]:+.3f}" for mode, values in gains.items())
+                )
+            means = {mode: statistics.mean(values) for mode, values in gains.items()}
+            pooled = math.sqrt(sum(statistics.variance(values) / len(values) for values in gains.values()))
+            difference = means["partial"] - means["today"]
+            within = "within" if abs(difference) <= 2 * pooled else "OUTSIDE"
+            print(
+                f"{task}: mean gain today {means['today']:+.3f}, partial {means['partial']:+.3f}; partial - today "
+                f"{difference:+.3f}, pooled SE {pooled:.3f}: {within} 2 SE ({len(args.seeds)} seeds, {args.steps} "
+                f"steps, runs in {args.out})"
+            )
+
+    @staticmethod
+    def gain(scores: Curve, steps: int) -> float:
+        last = [scores[step] for step in (steps - PARTIAL_TEST_FREQ, steps)]
+        return sum(last) / len(last) - scores[0]
+
+
+# --- loss-table ------------------------------------------------------------------------------------------------
+
+# (loss_mode, staleness): the recipe's four losses and verl's two references at staleness 1,
+# and the synchronous baseline.
+LOSS_GRID = [
+    ("topr", 1),
+    ("kimi15", 1),
+    ("tis_pg", 1),
+    ("reinforce", 1),
+    ("vanilla", 1),
+    ("cispo", 1),
+    ("cispo_unified_mask", 1),
+    ("vanilla", 0),
+]
+# Rows that are a loss_mode with options: (loss_mode, its overrides).
+VARIANTS = {
+    "cispo_unified_mask": ("cispo", ["+actor_rollout_ref.actor.policy_loss.cispo_use_unified_mask=true"]),
+    "topr_by_advantage": ("topr", ["+actor_rollout_ref.actor.policy_loss.topr_split=advantage"]),
+}
+LOSS_TEST_FREQ = 10  # the CPU profile's
+
+
+def loss_table_folder(out: Path, row: str, staleness: int, seed: int) -> Path:
+    """Where the loss table keeps a run (``python -m benchmarks convergence-figure`` reads these folders)."""
+    return out / f"{row}_s{staleness}_seed{seed}"
+
+
+def cell(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ({statistics.stdev(values):.3f})"
+
+
+class LossTable:
+    jobs = 1
+    out = "outputs/loss_table"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        parser.add_argument("--steps", type=int, default=40)
+        parser.add_argument(
+            "--rows",
+            nargs="+",
+            help=f"only these rows (of {', '.join(dict.fromkeys(row for row, _ in LOSS_GRID))}, and "
+            f"{', '.join(set(VARIANTS) - {row for row, _ in LOSS_GRID})})",
+        )
+
+    def schedule(self, args: argparse.Namespace) -> tuple[int, int]:
+        return args.steps, LOSS_TEST_FREQ
+
+    def rows(self, args: argparse.Namespace) -> list[tuple[str, int]]:
+        grid = [(row, s) for row, s in LOSS_GRID if not args.rows or row in args.rows]
+        grid += [(row, 1) for row in args.rows or () if row not in {row for row, _ in LOSS_GRID}]
+        if not grid or any(row not in VARIANTS and row not in {r for r, _ in LOSS_GRID} for row, _ in grid):
+            raise ValueError(f"--rows {' '.join(args.rows)}: unknown row")
+        return grid
+
+    def trials(self, args: argparse.Namespace) -> dict[Hashable, Trial]:
+        trials = {}
+        for seed in args.seeds:
+            for row, staleness in self.rows(args):
+                loss, options = VARIANTS.get(row, (row, []))
+                trials[row, staleness, seed] = Trial(
+                    f"{row} s{staleness} seed {seed}",
+                    loss_table_folder(args.out, row, staleness, seed),
+                    "one_step_off_ppo_cpu",
+                    seed,
+                    (f"async_training.staleness={staleness}", f"{LOSS}={loss}", *options),
+                )
+        return trials
+
+    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+        checkpoints = sorted(set.intersection(*(set(steps) for steps in curves.values())))
+        seeds = ", ".join(map(str, args.seeds))
+        extra = f"; overrides: {' '.join(args.overrides)}" if args.overrides else ""
+        print(f"\nGreedy validation accuracy, mean (sd) over seeds {seeds}; {args.steps} steps{extra}:\n")
+        print("| loss_mode | staleness | " + " | ".join(f"step {step}" for step in checkpoints) + " |")
+        print("|---|---|" + "---|" * len(checkpoints))
+        for loss, staleness in self.rows(args):
+            row = [cell([curves[loss, staleness, seed][step] for seed in args.seeds]) for step in checkpoints]
+            print(f"| `{loss}` | {staleness} | " + " | ".join(row) + " |")
+
+
+GRIDS: dict[str, Grid] = {
+    "staleness-parity": StalenessParity(),
+    "partial-rollout": PartialRolloutLearning(),
+    "loss-table": LossTable(),
+}
+
+
+def main(argv: list[str]) -> None:
+    # The grid first: its own options join the parser (``--grid NAME --help`` lists them).
+    chosen = argparse.ArgumentParser(add_help=False)
+    chosen.add_argument("--grid")
+    grid = GRIDS.get(chosen.parse_known_args(argv)[0].grid)
+    parser = argument_parser(__name__, __doc__)
+    parser.add_argument("--grid", choices=list(GRIDS), required=True, help="the grid to run")
+    if grid is not None:
+        grid.add_arguments(parser)
+        parser.add_argument("--jobs", type=int, default=grid.jobs, help="runs at a time")
+        parser.add_argument(
+            "--out",
+            type=Path,
+            default=grid.out and Path(grid.out),
+            help=f"a folder per run here (default: {grid.out or 'a temporary folder'})",
+        )
+    parser.add_argument("overrides", nargs="*", help="hydra overrides added to every run (after --)")
+    args = parser.parse_args(argv)
+    args.out = (args.out or Path(tempfile.mkdtemp(prefix=f"{args.grid}-"))).resolve()
+    try:
+        trials = grid.trials(args)
+    except ValueError as error:
+        parser.error(str(error))
+    steps, test_freq = grid.schedule(args)
+    curves = train_all(trials, steps, test_freq, args.jobs, tuple(args.overrides))
+    grid.report(args, curves)
