@@ -33,10 +33,11 @@ depends on timing (where a sync interrupts a request), so its runs vary with the
 more than the others. A summary (per-seed finals, curves, the table) goes to ``<out>/summary.json`` for
 ``python -m benchmarks staleness-parity-figure``.
 
---grid partial-rollout: does partial rollout learn as well as today's mode? Validation gain at
-staleness 1, both modes, per task. For each task (the built-in sort task, ``one_step_off_ppo_cpu``; the
-long-tail task, ``one_step_off_ppo_cpu_long_tail``) and each seed, runs the real entry point at
-staleness 1 with ``async_training.partial_rollout`` false and true side by side (the two runs share the
+--grid partial-rollout: does partial rollout learn as well as today's mode? Validation gain of today's
+mode at staleness 1 and of partial rollout at ``--partial-staleness`` (1 unless given), per task. For each
+task (the built-in sort task, ``one_step_off_ppo_cpu``; the long-tail task, ``one_step_off_ppo_cpu_long_tail``;
+on request the generation-bound one, ``one_step_off_ppo_cpu_generation_bound``) and each seed, runs the
+real entry point with ``async_training.partial_rollout`` false and true side by side (the two runs share the
 machine), validating at step 0 and every PARTIAL_TEST_FREQ steps. A run's gain is the mean of its last
 two validations minus its step-0 validation (the method of ``tests/test_e2e_convergence_on_cpu.py``).
 Per task it prints every seed's gains, the mean gain per mode, their difference, the pooled standard
@@ -62,6 +63,7 @@ How (from the repository root, with the project's virtualenv active)::
         --candidates token_is bypass no_correction
     python -m benchmarks learning --grid partial-rollout                 # 3 seeds, 30 steps, both tasks
     python -m benchmarks learning --grid partial-rollout --seeds 0 1 2 3 --steps 40 --tasks long_tail
+    python -m benchmarks learning --grid partial-rollout --tasks generation_bound --partial-staleness 2 --seeds 0 1 2 3
     python -m benchmarks learning --grid loss-table [--seeds 0 1 2] [--steps 40] [--out outputs/loss_table] \\
         [--rows topr vanilla] [-- overrides...]
     python -m benchmarks learning --grid loss-table --help             # a grid's own options
@@ -318,7 +320,11 @@ class StalenessParity:
 
 # --- partial-rollout -------------------------------------------------------------------------------------------
 
-PARTIAL_TASKS = {"sort": "one_step_off_ppo_cpu", "long_tail": "one_step_off_ppo_cpu_long_tail"}
+PARTIAL_TASKS = {
+    "sort": "one_step_off_ppo_cpu",
+    "long_tail": "one_step_off_ppo_cpu_long_tail",
+    "generation_bound": "one_step_off_ppo_cpu_generation_bound",
+}
 MODES = {"today": "async_training.partial_rollout=false", "partial": "async_training.partial_rollout=true"}
 PARTIAL_TEST_FREQ = 10
 
@@ -330,7 +336,10 @@ class PartialRolloutLearning:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
         parser.add_argument("--steps", type=int, default=30)
-        parser.add_argument("--tasks", nargs="+", choices=list(PARTIAL_TASKS), default=list(PARTIAL_TASKS))
+        parser.add_argument("--tasks", nargs="+", choices=list(PARTIAL_TASKS), default=["sort", "long_tail"])
+        parser.add_argument(
+            "--partial-staleness", type=int, default=1, help="the partial mode's staleness (today's mode runs at 1)"
+        )
 
     def schedule(self, args: argparse.Namespace) -> tuple[int, int]:
         return args.steps, PARTIAL_TEST_FREQ
@@ -339,15 +348,25 @@ class PartialRolloutLearning:
         return {
             (task, seed, mode): Trial(
                 f"{task} seed {seed} {mode}",
-                args.out / task / f"seed{seed}_{mode}",
+                args.out / task / f"seed{seed}_{mode}{self.suffix(args, mode)}",
                 PARTIAL_TASKS[task],
                 seed,
-                ("async_training.staleness=1", override),
+                (f"async_training.staleness={self.staleness(args, mode)}", override),
             )
             for task in args.tasks
             for seed in args.seeds
             for mode, override in MODES.items()
         }
+
+    @staticmethod
+    def staleness(args: argparse.Namespace, mode: str) -> int:
+        return args.partial_staleness if mode == "partial" else 1
+
+    @staticmethod
+    def suffix(args: argparse.Namespace, mode: str) -> str:
+        """The run folder's suffix: the staleness, where it is not today's 1."""
+        staleness = PartialRolloutLearning.staleness(args, mode)
+        return "" if staleness == 1 else f"_s{staleness}"
 
     def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
         for task in args.tasks:
@@ -360,13 +379,17 @@ class PartialRolloutLearning:
                     + ", ".join(f"{mode} gain {values[-1]:+.3f}" for mode, values in gains.items())
                 )
             means = {mode: statistics.mean(values) for mode, values in gains.items()}
-            pooled = math.sqrt(sum(statistics.variance(values) / len(values) for values in gains.values()))
             difference = means["partial"] - means["today"]
-            within = "within" if abs(difference) <= 2 * pooled else "OUTSIDE"
+            if len(args.seeds) > 1:
+                pooled = math.sqrt(sum(statistics.variance(values) / len(values) for values in gains.values()))
+                within = "within" if abs(difference) <= 2 * pooled else "OUTSIDE"
+                spread = f"pooled SE {pooled:.3f}: {within} 2 SE"
+            else:
+                spread = "no standard error from one seed"
             print(
-                f"{task}: mean gain today {means['today']:+.3f}, partial {means['partial']:+.3f}; partial - today "
-                f"{difference:+.3f}, pooled SE {pooled:.3f}: {within} 2 SE ({len(args.seeds)} seeds, {args.steps} "
-                f"steps, runs in {args.out})"
+                f"{task}: mean gain today (s=1) {means['today']:+.3f}, partial (s={args.partial_staleness}) "
+                f"{means['partial']:+.3f}; partial - today {difference:+.3f}, {spread} ({len(args.seeds)} seeds, "
+                f"{args.steps} steps, runs in {args.out})"
             )
 
     @staticmethod

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_module
 
 from recipe.one_step_off_async.async_config import AsyncTrainingConfig, ElasticConfig, validate_config
 from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
+from recipe.one_step_off_async.launch import PROFILES
 from recipe.one_step_off_async.preflight import check_data_files, check_model_modality
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
@@ -37,6 +38,10 @@ def test_the_recipe_ships_a_gpu_a_one_gpu_and_four_cpu_configs():
         "one_step_off_ppo_cpu_long_tail",
         "one_step_off_ppo_trainer",
     ]
+
+
+def test_the_launch_names_every_shipped_profile_when_a_config_name_is_wrong():
+    assert sorted(PROFILES) == PRIMARY
 
 
 @pytest.mark.parametrize("name", PRIMARY)

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import benchmarks
-from benchmarks import BENCHMARKS, HELPERS, command_name, gloo_engine, learning
+from benchmarks import BENCHMARKS, HELPERS, command_name, gloo_engine, learning, partial_rollout
 from benchmarks.__main__ import main as benchmarks_main
 from recipe.one_step_off_async import runs
 
@@ -119,8 +119,14 @@ def launches(monkeypatch) -> list[tuple[str, ...]]:
             "partial-rollout",
             ["--tasks", "sort"],
             4,
-            "sort: mean gain today +0.263, partial +0.263; partial - today +0.000, "
+            "sort: mean gain today (s=1) +0.263, partial (s=1) +0.263; partial - today +0.000, "
             "pooled SE 0.018: within 2 SE (2 seeds, 30 steps",
+        ),
+        (
+            "partial-rollout",
+            ["--tasks", "generation_bound", "--partial-staleness", "2"],
+            4,
+            "generation_bound: mean gain today (s=1) +0.263, partial (s=2) +0.263",
         ),
         (
             "loss-table",
@@ -181,3 +187,79 @@ def test_the_gloo_engine_benchmark_reports_every_line(capsys):
     assert len(lines) == len(expected), lines
     for line, pattern in zip(lines, expected, strict=True):
         assert re.fullmatch(pattern, line), (pattern, line)
+
+
+def test_the_partial_rollout_grid_runs_today_at_staleness_1_and_partial_at_the_staleness_asked(launches, tmp_path):
+    grid = ["--grid", "partial-rollout", "--tasks", "generation_bound", "--partial-staleness", "2"]
+    learning.main([*grid, "--seeds", "0", "--out", str(tmp_path)])
+
+    modes = {
+        (override(overrides, "async_training.staleness"), "async_training.partial_rollout=true" in overrides)
+        for overrides in launches
+    }
+    assert modes == {(1, False), (2, True)}
+
+
+# --- the partial-rollout benchmark's arithmetic -------------------------------------------------------------
+
+
+def test_the_partial_rollout_bound_follows_from_todays_split():
+    # T = 1.2 s, w = 0.65 s (A = 0.55 s), S = 0.05 s, G = 1.12 s: the engines sample A - S = 0.5 s per step while
+    # the actor works, so at s=1 the wait shrinks to (1.12 - 0.5) / 2, at s=2 to (1.12 - 1.0) / 3, and at s=4 the
+    # actor's own time bounds the step.
+    today = partial_rollout.StepSplit(period_s=1.2, wait_s=0.65, sync_s=0.05, gen_s=1.12)
+    assert today.actor_s == pytest.approx(0.55)
+    assert partial_rollout.partial_gain_bound(today, 1) == pytest.approx(1.2 / (0.55 + 0.31))
+    assert partial_rollout.partial_gain_bound(today, 2) == pytest.approx(1.2 / (0.55 + 0.04))
+    assert partial_rollout.partial_gain_bound(today, 4) == pytest.approx(1.2 / 0.55)
+    # Where training bounds the step (no wait), nothing is left to gain.
+    training_bound = partial_rollout.StepSplit(period_s=1.0, wait_s=0.0, sync_s=0.05, gen_s=0.9)
+    assert partial_rollout.partial_gain_bound(training_bound, 2) == pytest.approx(1.0)
+
+
+def test_the_partial_rollout_summary_reads_the_steady_steps():
+    def step(start: float, **values: float) -> dict:
+        return {
+            "timeline/step_start": start,
+            "timeline/sync_end": start + 1.0,
+            "timing_s/wait_prev_gen": 0.5,
+            "timing_s/train": 0.4,
+            "timing_s/sync_weights": 0.1,
+            "timing_s/sync/abort": 0.01,
+            "timing_s/gen": 1.1,
+            "rollout/tokens": 320.0,
+            "rollout/slot_steps": 3200.0,  # 100 engine steps of 32 slots, 3.2 rows each
+            "async/staleness_mean": 1.0,
+            "async/partial_ratio": 0.0,
+            "async/recomputed_prefill_tokens": 0.0,
+            **values,
+        }
+
+    by_step = {k: step(float(k), **({"rollout/busy_s": 0.4} if k == 3 else {})) for k in range(1, 6)}
+    summary = partial_rollout.summarize(by_step, warmup=1, slots=32)  # steps 2-4: step 5 has nothing to generate
+
+    assert summary["steps_per_min"] == pytest.approx(60 * 3 / 3.0)
+    assert summary["wait_s"] == pytest.approx(0.5) and summary["gen_s"] == pytest.approx(1.1)
+    assert summary["occupancy"] == pytest.approx(0.1) and summary["rows_per_engine_step"] == pytest.approx(3.2)
+    assert summary["ms_per_engine_step"] == pytest.approx(1000 * 0.4 / 300)
+    assert summary["busy_tokens_per_s"] == pytest.approx(960 / 0.4)
+    assert "busy_tokens_per_s" not in partial_rollout.summarize({k: step(float(k)) for k in range(1, 6)}, 1, 32)
+
+
+def test_the_partial_rollout_report_prints_the_bound_and_the_targets(capsys):
+    today = {
+        "steps_per_min": 50.0, "step_s": 1.2, "wait_s": 0.65, "train_s": 0.45, "sync_s": 0.05, "abort_s": 0.004,
+        "gen_s": 1.12, "occupancy": 0.09, "rows_per_engine_step": 2.9, "staleness_mean": 1.0, "partial_ratio": 0.0,
+        "recomputed_prefill": 0.0,
+    }  # fmt: skip
+    gains = {"s1 partial": 1.1, "s2 partial": 1.6, "s4 partial": 1.4}
+    medians = {"s1": today} | {mode: today | {"steps_per_min": 50.0 * gain} for mode, gain in gains.items()}
+
+    partial_rollout.report(medians, "vllm")
+
+    shown = capsys.readouterr().out
+    assert "step 1.20 s = actor 0.55 s + wait 0.65 s (54% of the step: generation-bound)" in shown
+    bound = 1.2 / 0.59  # s=2, as in the test of the bound
+    assert f"s2 partial: steps/min x1.60 (bound x{bound:.2f}, {1.6 / bound:.2f} of it)" in shown
+    assert f"s2 partial: x1.60 >= x1.3: met; {1.6 / bound:.2f} of the bound >= 0.75: met" in shown
+    assert "s4 partial: x1.40 >= x1.5: NOT met" in shown

@@ -8,7 +8,6 @@ warm-started model, and the build-once cache. The checks of the build read the s
 import asyncio
 import dataclasses
 import json
-import random
 import shutil
 import string
 import sys
@@ -426,7 +425,7 @@ def test_long_tail_budgets_are_long_tailed_reproducible_and_fit_the_model():
     budgets = np.array(long_tail.response_budgets(4096, seed=0))
     assert long_tail.response_budgets(4096, seed=0) == budgets.tolist()
     median, p99 = np.median(budgets), np.percentile(budgets, 99)
-    assert median == long_tail.MEDIAN_BUDGET and p99 / median >= 8
+    assert median == long_tail.LONG_TAIL.median and p99 / median >= 8
     assert budgets.min() >= long_tail.MIN_BUDGET and budgets.max() <= long_tail.MAX_RESPONSE_LENGTH
     assert build_tokenizer().model_max_length >= long_tail.MAX_PROMPT_LENGTH + long_tail.MAX_RESPONSE_LENGTH
 
@@ -467,9 +466,17 @@ def test_long_tail_agent_loop_generates_exactly_the_budget_and_returns_it(monkey
 
     monkeypatch.setattr(SingleTurnAgentLoop, "run", run)
     loop = BudgetedAgentLoop.__new__(BudgetedAgentLoop)
-    output = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"response_budget": 37, "split": "train"}))
+    output = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"index": 0, "response_budget": 37, "split": "val"}))
     assert seen == {"temperature": 1.0, "max_tokens": 37, "ignore_eos": True}
-    assert output.extra_fields["response_budget"] == 37
+    assert output.extra_fields["extras"] == {long_tail.SAMPLE_BUDGET_KEY: 37}
+    # A heavy-tail training row: the budget drawn for the sample, sent to the engine and handed to the reward.
+    (row,) = long_tail.to_rows(1, "train", seed=0, shape=long_tail.HEAVY_TAIL)
+    output = asyncio.run(loop.run({"temperature": 1.0}, extra_info=row["extra_info"]))
+    assert output.extra_fields["extras"] == {long_tail.SAMPLE_BUDGET_KEY: seen["max_tokens"]}
+    assert (
+        compute_score(long_tail.DATA_SOURCE, "a" * seen["max_tokens"], "a", row["extra_info"] | output.extra_fields)
+        == 1.0
+    )
 
 
 # --- the heavy-tail task (the generation-bound profile) ------------------------------------------------
@@ -477,8 +484,8 @@ def test_long_tail_agent_loop_generates_exactly_the_budget_and_returns_it(monkey
 
 def heavy_tail_sample_budgets(samples_per_row: int) -> np.ndarray:
     rows = long_tail.to_rows(long_tail.NUM_TRAIN, "train", seed=0, shape=long_tail.HEAVY_TAIL)
-    rng = random.Random(0)
-    return np.array([[long_tail.sample_budget(row["extra_info"], rng) for _ in range(samples_per_row)] for row in rows])
+    budgets = long_tail.SampleBudgets()
+    return np.array([[budgets.draw(row["extra_info"]) for _ in range(samples_per_row)] for row in rows])
 
 
 def test_heavy_tail_budgets_vary_within_groups_with_a_heavier_tail_and_a_few_percent_at_the_cap():
@@ -494,8 +501,17 @@ def test_heavy_tail_budgets_vary_within_groups_with_a_heavier_tail_and_a_few_per
 def test_heavy_tail_validation_rows_keep_their_problems_budget():
     (row,) = long_tail.to_rows(1, "val", seed=0, shape=long_tail.HEAVY_TAIL)
     assert row["extra_info"]["budget_sigma"] == long_tail.HEAVY_TAIL.sample_sigma
-    budgets = {long_tail.sample_budget(row["extra_info"], random.Random(seed)) for seed in range(20)}
-    assert budgets == {row["extra_info"]["response_budget"]}
+    budgets = long_tail.SampleBudgets()
+    assert {budgets.draw(row["extra_info"]) for _ in range(20)} == {row["extra_info"]["response_budget"]}
+
+
+def test_a_groups_drawn_budgets_do_not_depend_on_the_order_its_samples_arrive_in():
+    rows = long_tail.to_rows(2, "train", seed=0, shape=long_tail.HEAVY_TAIL)
+    in_order, interleaved = long_tail.SampleBudgets(), long_tail.SampleBudgets()
+    first = [in_order.draw(row["extra_info"]) for row in rows for _ in range(4)]
+    second = [interleaved.draw(row["extra_info"]) for _ in range(4) for row in rows]
+    assert sorted(first[:4]) == sorted(second[0::2]) and sorted(first[4:]) == sorted(second[1::2])
+    assert len(set(first[:4])) > 1  # the samples of one problem differ
 
 
 def test_verls_reward_manager_scores_the_samples_drawn_budget_not_its_problems():
@@ -516,7 +532,7 @@ def test_verls_reward_manager_scores_the_samples_drawn_budget_not_its_problems()
             "data_source": np.array([long_tail.DATA_SOURCE], dtype=object),
             "reward_model": np.array([{"style": "rule", "ground_truth": "a"}], dtype=object),
             "extra_info": np.array([row_info], dtype=object),
-            "tool_extra_fields": np.array([{"response_budget": 4}], dtype=object),
+            "tool_extra_fields": np.array([{"extras": {long_tail.SAMPLE_BUDGET_KEY: 4}}], dtype=object),
         },
     )
 
@@ -525,6 +541,12 @@ def test_verls_reward_manager_scores_the_samples_drawn_budget_not_its_problems()
         return (await manager.run_single(data))["reward_score"]
 
     assert asyncio.run(score()) == 1.0  # "aaaa" against the sample's 4 tokens (the row's 100 would give 0.04)
+
+
+def test_a_heavy_tail_sample_whose_drawn_budget_did_not_reach_the_reward_is_refused():
+    (row,) = long_tail.to_rows(1, "train", seed=0, shape=long_tail.HEAVY_TAIL)
+    with pytest.raises(ValueError, match="reward.reward_manager.name=naive"):
+        compute_score(long_tail.DATA_SOURCE, "aaaa", "a", row["extra_info"])
 
 
 # --- the tool-use task ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Partial rollout on the real entry point: long-tail and multi-turn tool use at staleness 2, a replica lost
-mid-conversation, a resume.
+mid-conversation, a resume; the generation-bound profile at staleness 2.
 
-Three launches (a minute or two each on 2 cores): the first once per rollout engine (the ``hf`` replica, and vLLM's
+Four launches (a minute or two each on 2 cores): the first once per rollout engine (the ``hf`` replica, and vLLM's
 CPU build through verl's vLLM path with ``scheduling_policy=priority``, mark ``vllm``), the resume on ``hf``; on
 ``one_step_off_ppo_cpu_long_tail`` with an agentic half:
 every batch holds 2 long-tail prompts of 200 to 480 tokens (so each sync lands while they generate) and 2
@@ -15,7 +15,10 @@ demo's tool through verl's tool agent loop, then answers), 4 samples each, by th
   conversation whose replica died continued on the survivor and ended correctly;
 - resumed from that step-3 checkpoint by path, weights moving through files (the ``checkpoint`` engine, the
   other weight-sync backend partial rollout supports on CPU): steps 4-6 train the same prompts as the first
-  run (the batches in flight at the checkpoint are regenerated from their prompts), within the same bounds.
+  run (the batches in flight at the checkpoint are regenerated from their prompts), within the same bounds;
+- ``one_step_off_ppo_cpu_generation_bound`` (the partial-rollout benchmark's profile), 4 steps of partial rollout
+  at staleness 2: it composes, trains 8 samples per step within the contract, with no reference model and no
+  recomputation of the old log-probs.
 """
 
 from __future__ import annotations

@@ -18,16 +18,18 @@ partial-rollout benchmark (``python -m benchmarks partial-rollout``) and its tes
 How: a row carries its problem's budget (``extra_info.response_budget``) and the spread of its samples'
 budgets around it (``extra_info.budget_sigma``, 0 for one budget per problem). ``long_tail_agent_loop.
 BudgetedAgentLoop`` (registered by the YAML the asset build writes; the rows name it) is verl's
-single-turn agent loop with ``max_tokens`` set to the sample's budget (``sample_budget``) and
+single-turn agent loop with ``max_tokens`` set to the sample's budget (``SampleBudgets``) and
 ``ignore_eos`` on, so every response is exactly its budget long; it returns the budget in the sample's
-extra fields, which verl's reward manager merges into the reward's ``extra_info``, and the demo reward
-(``reward.py``) scores the response with ``score_repeat``. This module imports no verl (the reward loads it).
+``extras`` (an extra field verl gives every sample), which verl's ``naive`` reward manager merges into the
+reward's ``extra_info``, and the demo reward (``reward.py``) scores the response against it
+(``scored_budget``, ``score_repeat``). This module imports no verl (the reward loads it).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +51,8 @@ AGENT_LOOP_NAME = "long_tail_repeat"
 class TailShape:
     """Lognormal response budgets: ``median`` tokens, ``prompt_sigma`` across problems, ``sample_sigma`` within one.
 
-    The two spreads add in quadrature: a sample's log-budget has standard deviation
-    sqrt(prompt_sigma**2 + sample_sigma**2), and p99 / median = exp(2.326 * that), before the cap.
+    Before either clip the two spreads add in quadrature: a sample's log-budget has standard deviation
+    sqrt(prompt_sigma**2 + sample_sigma**2), and p99 / median = exp(2.326 * that).
     """
 
     name: str  # the files' prefix: <name>_train.parquet, <name>_val.parquet
@@ -61,7 +63,6 @@ class TailShape:
 
 LONG_TAIL = TailShape("long_tail", median=48, prompt_sigma=1.0)
 HEAVY_TAIL = TailShape("heavy_tail", median=32, prompt_sigma=1.0, sample_sigma=1.0)
-MEDIAN_BUDGET = LONG_TAIL.median
 
 ROW_SCHEMA = pa.schema(
     [
@@ -95,15 +96,52 @@ def response_budgets(count: int, seed: int, shape: TailShape = LONG_TAIL) -> lis
     return [clip_budget(rng.lognormvariate(math.log(shape.median), shape.prompt_sigma)) for _ in range(count)]
 
 
-def sample_budget(extra_info: dict, rng: random.Random) -> int:
-    """The budget of one sample of a row: its problem's budget, or a draw around it for a training row with a spread.
+SAMPLE_BUDGET_KEY = (
+    "response_budget"  # the drawn budget, in the sample's ``extras`` (verl's extra field of every sample)
+)
 
-    Validation rows keep their problem's budget, so validation scores the same budgets in every run.
+
+def draws_per_sample(extra_info: dict) -> bool:
+    """Whether a row's samples draw budgets of their own: training rows of a task with a spread within groups."""
+    return bool(extra_info.get("budget_sigma")) and extra_info.get("split") == "train"
+
+
+class SampleBudgets:
+    """The budgets of one process's samples: a training row's k-th sample here draws from a stream seeded by
+    (its problem's index, k), so a group's budgets are the same whatever order its samples arrive in.
+
+    Validation rows and rows without a spread keep their problem's budget.
     """
-    budget, sigma = int(extra_info["response_budget"]), float(extra_info.get("budget_sigma") or 0.0)
-    if sigma == 0.0 or extra_info.get("split") != "train":
-        return budget
-    return clip_budget(budget * rng.lognormvariate(0.0, sigma))
+
+    def __init__(self) -> None:
+        self._draws: Counter[int] = Counter()
+
+    def draw(self, extra_info: dict) -> int:
+        budget = int(extra_info["response_budget"])
+        if not draws_per_sample(extra_info):
+            return budget
+        index = int(extra_info["index"])
+        rng = random.Random(f"{index}/{self._draws[index]}")
+        self._draws[index] += 1
+        return clip_budget(budget * rng.lognormvariate(0.0, float(extra_info["budget_sigma"])))
+
+
+def scored_budget(extra_info: dict) -> int:
+    """The budget a response is scored against: its sample's drawn budget, else its problem's.
+
+    A training row whose samples draw budgets but whose drawn budget did not arrive is refused: its score would
+    be against the wrong length.
+    """
+    drawn = (extra_info.get("extras") or {}).get(SAMPLE_BUDGET_KEY)
+    if drawn is not None:
+        return int(drawn)
+    if draws_per_sample(extra_info):
+        raise ValueError(
+            f"a heavy-tail sample reached the reward without the budget its agent loop drew (extras.{SAMPLE_BUDGET_KEY}); "
+            "verl's `naive` reward manager passes each sample's extra fields on to the reward "
+            "(reward.reward_manager.name=naive), verl's `dapo` and `gdpo` do not"
+        )
+    return int(extra_info["response_budget"])
 
 
 def to_rows(count: int, split: str, seed: int, shape: TailShape = LONG_TAIL) -> list[dict]:

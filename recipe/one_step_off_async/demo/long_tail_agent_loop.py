@@ -6,26 +6,25 @@ Registered with verl's agent-loop registry by the YAML that the demo asset build
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from recipe.one_step_off_async.demo.long_tail import sample_budget
+from recipe.one_step_off_async.demo.long_tail import SAMPLE_BUDGET_KEY, SampleBudgets
 
-# One stream per agent-loop worker process: the same budgets, in arrival order, in every run.
-_SAMPLE_BUDGETS = random.Random(0)
+# verl instantiates the loop once per sample: the draws of this agent-loop worker process live here.
+_BUDGETS = SampleBudgets()
 
 
 class BudgetedAgentLoop(SingleTurnAgentLoop):
     """``max_tokens`` = the sample's budget, ``ignore_eos`` on: the response is that long.
 
-    The budget goes back in the output's extra fields: verl's reward manager merges them into the
-    reward's ``extra_info``, so the reward scores a drawn budget, not its problem's.
+    The budget goes back in the output's ``extras``: verl's reward manager merges a sample's extra fields into
+    the reward's ``extra_info``, so the reward scores a drawn budget, not its problem's.
     """
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
-        budget = sample_budget(kwargs["extra_info"], _SAMPLE_BUDGETS)
+        budget = _BUDGETS.draw(kwargs["extra_info"])
         output = await super().run({**sampling_params, "max_tokens": budget, "ignore_eos": True}, **kwargs)
-        output.extra_fields["response_budget"] = budget
+        output.extra_fields["extras"] = {SAMPLE_BUDGET_KEY: budget}
         return output

@@ -30,7 +30,7 @@ def compute_score(
 ) -> float:
     """Score one response; garbage text scores 0.0, a row of another dataset raises ``ValueError``."""
     if data_source == long_tail.DATA_SOURCE:
-        return long_tail.score_repeat(solution_str, ground_truth, int(extra_info["response_budget"]))
+        return long_tail.score_repeat(solution_str, ground_truth, long_tail.scored_budget(extra_info))
     if data_source == tool_task.DATA_SOURCE:
         return tool_task.score_final_answer(solution_str, ground_truth)
     if data_source == GRADED_DATA_SOURCE:
