@@ -62,7 +62,12 @@ MODES = {
 BASELINE = "s1"
 ENGINES = {
     "hf": (),
-    "vllm": ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.scheduling_policy=priority"),
+    # Priority scheduling, which partial rollout needs on vLLM; the scheduler statistics behind the occupancy.
+    "vllm": (
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.scheduling_policy=priority",
+        "actor_rollout_ref.rollout.disable_log_stats=false",
+    ),
 }
 GENERATION_BOUND_WAIT_SHARE = 0.5  # today's wait / step at s=1 from which the profile counts as generation-bound
 # The benchmark's targets: (mode, least steps-per-minute gain over today's mode, least fraction of its bound)
@@ -135,9 +140,8 @@ def write_shape_model(directory: Path) -> Path:
 
 
 def heavy_tail_task() -> list[str]:
-    """Overrides that point a GPU profile at the heavy-tail task, the CPU profile's cheap training and its rollout
-    settings (one agent-loop worker; vLLM's scheduler statistics and priority scheduling, which partial rollout
-    needs on vLLM)."""
+    """Overrides that point a GPU profile at the generation-bound profile's task, cheap training and rollout slots
+    (a test checks them against that profile)."""
     from recipe.one_step_off_async.demo.assets import ensure_assets
     from recipe.one_step_off_async.demo.long_tail import MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH
 
@@ -154,8 +158,6 @@ def heavy_tail_task() -> list[str]:
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024",
         "actor_rollout_ref.rollout.max_num_seqs=32",
         "actor_rollout_ref.rollout.agent.num_workers=1",
-        "actor_rollout_ref.rollout.disable_log_stats=false",
-        "actor_rollout_ref.rollout.scheduling_policy=priority",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={assets.long_tail_agent_loop_config}",
         f"reward.custom_reward_function.path={assets.reward_path}",
     ]
@@ -280,8 +282,8 @@ def main(argv: list[str]) -> None:
     extra = [*ENGINES[args.engine], *args.overrides]
     if args.shape != "demo":
         extra.append(f"actor_rollout_ref.model.path={write_shape_model(root)}")
-    if not args.config_name.startswith(CPU_PROFILE_PREFIX):  # a GPU profile: point it at this profile's task
-        extra = [*heavy_tail_task(), *extra]
+    if not args.config_name.startswith(CPU_PROFILE_PREFIX):  # a GPU profile (vLLM): point it at this profile's task
+        extra = [*heavy_tail_task(), *ENGINES["vllm"], *extra]
     slots = rollout_slots(args.config_name, [override for override in extra if not override.startswith("+")])
 
     results: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}

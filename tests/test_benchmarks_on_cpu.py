@@ -263,3 +263,15 @@ def test_the_partial_rollout_report_prints_the_bound_and_the_targets(capsys):
     assert f"s2 partial: steps/min x1.60 (bound x{bound:.2f}, {1.6 / bound:.2f} of it)" in shown
     assert f"s2 partial: x1.60 >= x1.3: met; {1.6 / bound:.2f} of the bound >= 0.75: met" in shown
     assert "s4 partial: x1.40 >= x1.5: NOT met" in shown
+
+
+def test_the_heavy_tail_overrides_for_a_gpu_profile_match_the_generation_bound_profile(demo_assets):
+    """``heavy_tail_task`` copies the CPU profile's task and training keys for a GPU profile: the copy must not drift."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        profile = compose(config_name=partial_rollout.PROFILE)
+    for item in partial_rollout.heavy_tail_task():
+        key, value = item.split("=", 1)
+        assert str(OmegaConf.select(profile, key)).lower() == value.lower(), item
