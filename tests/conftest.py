@@ -37,17 +37,63 @@ def needs_demo_assets(item: pytest.Item) -> bool:
     return "demo_assets" in item.fixturenames or item.get_closest_marker("e2e") is not None
 
 
-def pytest_collection_modifyitems(items):
+# The modules that launch the entry point (marks e2e, convergence, vllm; the slowest first). Under xdist
+# (``scripts/test.sh``) one worker runs them back to back while the other runs every other module: two launches
+# at once would share the 2 cores of a CI machine, and their waits and fault timings are set for one.
+LAUNCHING_MODULES = (
+    "test_e2e_main_on_cpu.py",  # first: the session's undisturbed run, which elastic and faults compare with
+    "test_e2e_elastic_on_cpu.py",
+    "test_e2e_faults_on_cpu.py",
+    "test_e2e_partial_on_cpu.py",
+    "test_e2e_convergence_on_cpu.py",
+    "test_e2e_trainer_features_on_cpu.py",
+)
+LAUNCHES = "launches"  # their xdist scope
+
+
+def pytest_collection_modifyitems(config, items):
     """e2e, convergence and network tests are slow too: ``-m "not slow"`` is the fast loop.
 
-    The modules that read the demo assets run last, each in its own order, so that the asset build (about a
-    minute on one core, ``pytest_collection_finish``) overlaps the other modules' tests.
+    In one process the modules that read the demo assets run last, so that the asset build (about a minute on
+    one core, ``pytest_collection_finish``) overlaps the other modules' tests. In an xdist worker the launching
+    modules come first, so that the worker that takes them starts at once.
     """
     for item in items:
         if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network", "vllm")):
             item.add_marker(pytest.mark.slow)
+    launching = [name for name in {item.path.name for item in items} if name.startswith("test_e2e_")]
+    unlisted = set(launching) - set(LAUNCHING_MODULES)
+    if unlisted:
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(unlisted)} to LAUNCHING_MODULES")
     asset_modules = {item.path for item in items if needs_demo_assets(item)}
-    items.sort(key=lambda item: item.path in asset_modules)  # stable: the order within each group is kept
+    under_xdist = hasattr(config, "workerinput")
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        order = LAUNCHING_MODULES.index(name) if name in LAUNCHING_MODULES else len(LAUNCHING_MODULES)
+        if under_xdist:
+            return (0 if name in LAUNCHING_MODULES else 1), order
+        return (1 if item.path in asset_modules else 0), order
+
+    items.sort(key=rank)  # stable: the order within each module is kept
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``scripts/test.sh``): each module in one worker, the launching modules all in one.
+
+    xdist's own grouping (``--dist loadgroup``) does not work with pytest 9 (it rewrites ``item._nodeid``, which
+    pytest 9 no longer reads), hence a scheduler of its own.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return LAUNCHES if Path(module).name in LAUNCHING_MODULES else module
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_collection_finish(session):

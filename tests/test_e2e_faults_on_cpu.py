@@ -56,9 +56,11 @@ from recipe.one_step_off_async.trainer.resume import verify_checkpoint
 
 pytestmark = pytest.mark.e2e
 
-# Bounded everything: a failure must surface within these, not after verl's hour-long defaults.
+# Bounded everything: a failure must surface within these, not after verl's hour-long defaults. The first
+# batch's generation includes the agent-loop worker's start: over a minute on a loaded machine (the suite runs
+# two modules at once). The faults below are detected without waiting for a timeout.
 BOUNDED = (
-    "async_training.generation_timeout_s=60",
+    "async_training.generation_timeout_s=180",
     "async_training.sync_timeout_s=60",
     "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=20",
     "trainer.val_before_train=false",
