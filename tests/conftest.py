@@ -37,26 +37,29 @@ def needs_demo_assets(item: pytest.Item) -> bool:
     return "demo_assets" in item.fixturenames or item.get_closest_marker("e2e") is not None
 
 
-# The modules that launch the entry point (marks e2e, convergence, vllm; the slowest first). Under xdist
-# (``scripts/test.sh``) one worker runs them back to back while the other runs every other module: two launches
-# at once would share the 2 cores of a CI machine, and their waits and fault timings are set for one.
+# The modules that launch the entry point (marks e2e, convergence, vllm). Under xdist (``scripts/test.sh``) one
+# worker runs the first four back to back from the start, while the other runs every module that launches
+# nothing, then the last two: at most two launches share the machine at a time, and the fault tests, whose
+# timings are the tightest, run beside unit tests only.
 LAUNCHING_MODULES = (
     "test_e2e_main_on_cpu.py",  # first: the session's undisturbed run, which elastic and faults compare with
     "test_e2e_elastic_on_cpu.py",
     "test_e2e_faults_on_cpu.py",
-    "test_e2e_partial_on_cpu.py",
     "test_e2e_convergence_on_cpu.py",
+    "test_e2e_partial_on_cpu.py",
     "test_e2e_trainer_features_on_cpu.py",
 )
-LAUNCHES = "launches"  # their xdist scope
+BACK_TO_BACK = LAUNCHING_MODULES[:4]
+LAUNCHES = "launches"  # the xdist scope of BACK_TO_BACK
 
 
 def pytest_collection_modifyitems(config, items):
     """e2e, convergence and network tests are slow too: ``-m "not slow"`` is the fast loop.
 
     In one process the modules that read the demo assets run last, so that the asset build (about a minute on
-    one core, ``pytest_collection_finish``) overlaps the other modules' tests. In an xdist worker the launching
-    modules come first, so that the worker that takes them starts at once.
+    one core, ``pytest_collection_finish``) overlaps the other modules' tests. In an xdist worker the modules
+    launched back to back come first (the worker that takes them starts at once) and the other launching modules
+    last (the other worker takes them when it has run the rest).
     """
     for item in items:
         if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network", "vllm")):
@@ -72,14 +75,15 @@ def pytest_collection_modifyitems(config, items):
         name = item.path.name
         order = LAUNCHING_MODULES.index(name) if name in LAUNCHING_MODULES else len(LAUNCHING_MODULES)
         if under_xdist:
-            return (0 if name in LAUNCHING_MODULES else 1), order
+            return (0 if name in BACK_TO_BACK else 2 if name in LAUNCHING_MODULES else 1), order
         return (1 if item.path in asset_modules else 0), order
 
     items.sort(key=rank)  # stable: the order within each module is kept
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: the suite also runs without xdist
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (``scripts/test.sh``): each module in one worker, the launching modules all in one.
+    """``--dist loadfile`` (``scripts/test.sh``): each module in one worker, the modules launched back to back in one.
 
     xdist's own grouping (``--dist loadgroup``) does not work with pytest 9 (it rewrites ``item._nodeid``, which
     pytest 9 no longer reads), hence a scheduler of its own.
@@ -91,7 +95,7 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return LAUNCHES if Path(module).name in LAUNCHING_MODULES else module
+            return LAUNCHES if Path(module).name in BACK_TO_BACK else module
 
     return ModuleScheduling(config, log)
 

@@ -201,8 +201,10 @@ class WatchedRun:
         lines = self.metrics_path.read_text().splitlines()
         return [json.loads(line)["step"] for line in lines if line.strip().endswith("}")]
 
-    def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
-        """Block until step ``step``'s metrics are logged (the step, its sync and checkpoint are done)."""
+    def wait_for_step(self, step: int, timeout_s: float = 600) -> None:
+        """Block until step ``step``'s metrics are logged (the step, its sync and checkpoint are done).
+
+        The timeout only ends a hung run: a vLLM launch can take minutes to its first step on a loaded machine."""
         deadline = time.monotonic() + timeout_s
         while step not in self.logged_steps():
             if self.process.poll() is not None:
@@ -224,7 +226,7 @@ class WatchedRun:
                 continue
         return found
 
-    def wait_for_task(self, title: str, task: str, timeout_s: float = 300) -> None:
+    def wait_for_task(self, title: str, task: str, timeout_s: float = 600) -> None:
         """Block until a worker of ``title`` runs ``task`` (Ray shows the running task in the process title)."""
         deadline = time.monotonic() + timeout_s
         while not any(task in " ".join(p.cmdline()) for p in self.processes(title)):

@@ -1,0 +1,40 @@
+"""The suite's own scheduling under pytest-xdist (``scripts/test.sh``, ``tests/conftest.py``).
+
+One worker takes the modules launched back to back (the fault tests among them), so no other launch shares the
+machine with them; each other module stays in one worker, so its module-scoped fixtures are made once. The scheduler subclasses a
+class of xdist's (``LoadScopeScheduling._split_scope``): these tests fail when xdist changes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from conftest import BACK_TO_BACK, LAUNCHES, LAUNCHING_MODULES, pytest_xdist_make_scheduler
+
+pytest.importorskip("xdist")
+
+TESTS = Path(__file__).resolve().parent
+
+
+def scheduler(dist: str):
+    config = mock.Mock()
+    config.getvalue.side_effect = {"dist": dist, "tx": ["2*popen"]}.get  # as `-n 2` sets them
+    return pytest_xdist_make_scheduler(config, log=None)
+
+
+def test_the_modules_launched_back_to_back_are_one_unit_of_work_and_every_other_module_its_own():
+    split = scheduler("loadfile")._split_scope
+    assert sorted(path.name for path in TESTS.glob("test_e2e_*.py")) == sorted(LAUNCHING_MODULES)
+    assert "test_e2e_faults_on_cpu.py" in BACK_TO_BACK
+    assert {split(f"tests/{name}::test_one[hf]") for name in BACK_TO_BACK} == {LAUNCHES}
+    for name in set(LAUNCHING_MODULES) - set(BACK_TO_BACK):
+        assert split(f"tests/{name}::test_one[vllm]") == f"tests/{name}"
+    assert split("tests/test_runs_on_cpu.py::test_one") == "tests/test_runs_on_cpu.py"
+    assert split("tests/test_runs_on_cpu.py::test_two") == "tests/test_runs_on_cpu.py"
+
+
+def test_other_distribution_modes_keep_xdists_own_scheduler():
+    assert scheduler("load") is None
+    assert scheduler("loadgroup") is None
