@@ -64,8 +64,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network", "vllm")):
             item.add_marker(pytest.mark.slow)
-    launching = [name for name in {item.path.name for item in items} if name.startswith("test_e2e_")]
-    unlisted = set(launching) - set(LAUNCHING_MODULES)
+    unlisted = {item.path.name for item in items if item.path.name.startswith("test_e2e_")} - set(LAUNCHING_MODULES)
     if unlisted:
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(unlisted)} to LAUNCHING_MODULES")
     asset_modules = {item.path for item in items if needs_demo_assets(item)}
@@ -90,11 +89,11 @@ def pytest_xdist_make_scheduler(config, log):
     """
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadFileScheduling
 
-    class ModuleScheduling(LoadScopeScheduling):
+    class ModuleScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
+            module = super()._split_scope(nodeid)
             return LAUNCHES if Path(module).name in BACK_TO_BACK else module
 
     return ModuleScheduling(config, log)

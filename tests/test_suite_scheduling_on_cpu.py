@@ -2,7 +2,7 @@
 
 One worker takes the modules launched back to back (the fault tests among them), so no other launch shares the
 machine with them; each other module stays in one worker, so its module-scoped fixtures are made once. The scheduler subclasses a
-class of xdist's (``LoadScopeScheduling._split_scope``): these tests fail when xdist changes it.
+class of xdist's (``LoadFileScheduling._split_scope``): these tests fail when xdist changes it.
 """
 
 from __future__ import annotations
