@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 import ray
-from e2e import CPU_PROFILE
+from e2e import CPU_PROFILE, LEAN_RAY, LEAN_RAY_ENV
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from recipe.one_step_off_async import runs
@@ -266,8 +266,9 @@ def start_main(directory: Path, *overrides: str, env: dict | None = None) -> Wat
     launch = runs.start(
         directory,
         runs.dump_rollouts(directory),
+        *LEAN_RAY,
         *overrides,
         profile=CPU_PROFILE,
-        env={RUN_MARKER_ENV: marker, **(env or {})},
+        env={**LEAN_RAY_ENV, RUN_MARKER_ENV: marker, **(env or {})},
     )
     return WatchedRun(launch.process, directory, marker)

@@ -68,15 +68,37 @@ def test_platform_is_selected_in_a_fresh_process_through_verl_external_modules()
 
 def test_verl_still_imports_its_ascend_checkpoint_engine_and_vllm_with_it_as_an_optional_engine():
     """Why ``verl_patches.skip_the_ascend_checkpoint_engine`` exists and why skipping it is safe: verl imports the
-    engine in a ``try`` that records an ``ImportError``, and the engine imports vLLM's distributed utilities."""
+    engine in a ``try`` that records an ``ImportError``; the engine imports vLLM's distributed utilities first and
+    raises that ``ImportError`` itself only afterwards, when ``torch_npu`` (``torch.npu``) is missing."""
     from verl import checkpoint_engine
 
     package = inspect.getsource(checkpoint_engine)
     assert "from .hccl_checkpoint_engine import HCCLCheckpointEngine" in package
     assert 'CheckpointEngineRegistry.record_import_error("hccl_checkpoint_engine", e)' in package
     engine = Path(checkpoint_engine.__file__).with_name("hccl_checkpoint_engine.py").read_text()
-    assert "from vllm.distributed.utils import StatelessProcessGroup" in engine
+    imports_vllm = engine.index("from vllm.distributed.utils import StatelessProcessGroup")
+    refuses = engine.index("if not is_torch_npu_available(check_device=False):\n    raise ImportError(")
+    assert imports_vllm < refuses
+    from verl.utils.device import is_torch_npu_available
+
+    assert 'hasattr(torch, "npu")' in inspect.getsource(is_torch_npu_available)
     assert f"{checkpoint_engine.__name__}.hccl_checkpoint_engine" == verl_patches.ASCEND_CHECKPOINT_ENGINE
+
+
+def test_without_torch_npu_any_platform_skips_the_ascend_engine_and_the_vllm_it_imports():
+    """The driver imports the plugin before it knows the platform: it, too, skips the engine that needs an NPU."""
+    probe = textwrap.dedent(
+        """
+        import sys
+        import verl
+        from verl.checkpoint_engine import CheckpointEngineRegistry
+        print("vllm" in sys.modules, "hccl_checkpoint_engine" in CheckpointEngineRegistry._import_errors)
+        """
+    )
+    env = {**_clean_env(), "VERL_USE_EXTERNAL_MODULES": "recipe.one_step_off_async.verl_plugin"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "False True"
 
 
 def test_without_the_env_verl_keeps_its_own_platform_and_is_not_patched():

@@ -188,6 +188,9 @@ class PlatformCPU(PlatformBase):
         return None
 
 
+VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
 def env_vars() -> dict[str, str]:
     """Environment every process of a CPU run needs (the driver's and each Ray worker's)."""
     return {
@@ -200,4 +203,8 @@ def env_vars() -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         # One intra-op thread per process: a CPU run already has one process per "GPU" slot.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # vLLM's CPU build (rollout.name=vllm) turns the executor a replica asks for (`uni`, one_step_off_cpu.yaml)
+        # into a worker process of its own unless this is off (vllm/platforms/cpu.py), a third process per replica
+        # (~10 s of CPU to start). Its engine core keeps a process of its own either way (AsyncLLM).
+        VLLM_MULTIPROCESSING_ENV: "0",
     }

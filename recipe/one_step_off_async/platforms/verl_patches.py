@@ -39,16 +39,18 @@ so a verl upgrade cannot silently make a patch wrong or unnecessary.
   theirs). The CPU rollout runs in fp32, so a LoRA run's rollout would sample from rounded weights
   (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the model's dtype.
 - ``verl/checkpoint_engine/__init__.py``: imports every optional engine, among them the Ascend one
-  (``hccl_checkpoint_engine``), which imports vLLM's ``vllm.distributed.utils``: about 2 s in every process that
-  imports verl's checkpoint engines (every Ray worker) wherever vLLM is installed, for an engine that needs an NPU.
-  On CPU verl finds it unavailable, as it does where an engine's dependency is missing
-  (``skip_the_ascend_checkpoint_engine``, applied by the plugin before it imports the engines).
+  (``hccl_checkpoint_engine``), which imports vLLM's ``vllm.distributed.utils`` and only then raises
+  ``ImportError`` when ``torch_npu`` is missing: 2-3 s in every process that imports verl's checkpoint engines (the
+  driver and every Ray worker) wherever vLLM is installed, for an engine that needs an NPU. Where ``torch_npu`` is
+  not installed, on every platform, verl finds the engine unavailable at once, as it does where an engine's
+  dependency is missing (``skip_the_ascend_checkpoint_engine``, applied by the plugin before it imports the engines).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import tempfile
@@ -65,13 +67,15 @@ CPU_RAY_RESOURCE = "CPU"  # the Ray resource a CPU slot of a pool is
 
 
 ASCEND_CHECKPOINT_ENGINE = "verl.checkpoint_engine.hccl_checkpoint_engine"
+ASCEND_TORCH_MODULE = "torch_npu"  # the Ascend engine needs it (torch.npu)
 
 
 def skip_the_ascend_checkpoint_engine() -> None:
-    """On CPU (``VERL_PLATFORM=cpu``), make importing verl's Ascend checkpoint engine raise ``ImportError``, which
+    """Where ``torch_npu`` is not installed, make importing verl's Ascend checkpoint engine raise ``ImportError`` at
+    once (verl's own check, ``is_torch_npu_available(check_device=False)``, raises it after importing vLLM), which
     ``verl/checkpoint_engine/__init__.py`` records as an unavailable engine. Runs before that package is imported
-    (a no-op after, or on another platform)."""
-    if os.environ.get(PLATFORM_ENV, "").strip().lower() == CPU_PLATFORM:
+    (a no-op after, or where ``torch_npu`` is installed)."""
+    if importlib.util.find_spec(ASCEND_TORCH_MODULE) is None:
         sys.modules.setdefault(ASCEND_CHECKPOINT_ENGINE, None)
 
 
