@@ -39,14 +39,13 @@ def needs_demo_assets(item: pytest.Item) -> bool:
 
 # The modules that launch the entry point (marks e2e, convergence, vllm). Under xdist (``scripts/test.sh``) one
 # worker runs the first four back to back from the start, while the other runs every module that launches
-# nothing (about 17 minutes of one core), then the last two. The convergence module's three concurrent runs and
-# then the fault tests, whose timings are the tightest, run beside unit tests: no other launch shares the machine
-# with them. A vLLM launch beside those three runs took 3.4x as long as alone (445 s, 131 s alone).
+# nothing, then the last two: at most two launches share the machine at a time, and the fault tests, whose
+# timings are the tightest, run beside unit tests only.
 LAUNCHING_MODULES = (
-    "test_e2e_convergence_on_cpu.py",
-    "test_e2e_faults_on_cpu.py",  # its resume chain launches the session's undisturbed run (conftest.one_step_off_run)
-    "test_e2e_main_on_cpu.py",
+    "test_e2e_main_on_cpu.py",  # first: the session's undisturbed run, which elastic and faults compare with
     "test_e2e_elastic_on_cpu.py",
+    "test_e2e_faults_on_cpu.py",
+    "test_e2e_convergence_on_cpu.py",
     "test_e2e_partial_on_cpu.py",
     "test_e2e_trainer_features_on_cpu.py",
 )

@@ -62,8 +62,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from e2e import CPU_PROFILE, Run, run_main
 
-# The three runs share 2 cores, and under xdist (scripts/test.sh) the unit tests too: 488 s alone, 644 s beside
-# partial rollout's launch. The timeouts only end a hung run.
+# The three runs share 2 cores, and under xdist (scripts/test.sh) another module's launch too: 488 s alone,
+# 644 s beside partial rollout's. The timeouts only end a hung run.
 pytestmark = [pytest.mark.convergence, pytest.mark.timeout(1800)]
 
 ACCURACY = "val-core/one_step_off_async/sort_letters/acc/mean@1"
