@@ -71,6 +71,7 @@ def test_verl_still_imports_its_ascend_checkpoint_engine_and_vllm_with_it_as_an_
     engine in a ``try`` that records an ``ImportError``; the engine imports vLLM's distributed utilities first and
     raises that ``ImportError`` itself only afterwards, when ``torch_npu`` (``torch.npu``) is missing."""
     from verl import checkpoint_engine
+    from verl.utils.device import is_torch_npu_available
 
     package = inspect.getsource(checkpoint_engine)
     assert "from .hccl_checkpoint_engine import HCCLCheckpointEngine" in package
@@ -79,8 +80,6 @@ def test_verl_still_imports_its_ascend_checkpoint_engine_and_vllm_with_it_as_an_
     imports_vllm = engine.index("from vllm.distributed.utils import StatelessProcessGroup")
     refuses = engine.index("if not is_torch_npu_available(check_device=False):\n    raise ImportError(")
     assert imports_vllm < refuses
-    from verl.utils.device import is_torch_npu_available
-
     assert 'hasattr(torch, "npu")' in inspect.getsource(is_torch_npu_available)
     assert f"{checkpoint_engine.__name__}.hccl_checkpoint_engine" == verl_patches.ASCEND_CHECKPOINT_ENGINE
 
@@ -95,7 +94,9 @@ def test_without_torch_npu_any_platform_skips_the_ascend_engine_and_the_vllm_it_
         print("vllm" in sys.modules, "hccl_checkpoint_engine" in CheckpointEngineRegistry._import_errors)
         """
     )
-    env = {**_clean_env(), "VERL_USE_EXTERNAL_MODULES": "recipe.one_step_off_async.verl_plugin"}
+    from recipe.one_step_off_async import verl_plugin
+
+    env = {**_clean_env(), verl_plugin.EXTERNAL_MODULES_ENV: verl_plugin.__name__}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-2] == "False True"
