@@ -214,8 +214,8 @@ def wandb_offline_run(directory: Path) -> tuple[int | None, dict[int, dict]]:
     return exit_code, history
 
 
-def main_until_ray(*overrides: str) -> None:
-    """The entry point's body (``main_ppo.main``) in this process, on the CPU profile with ``overrides``.
+def main_until_ray(*overrides: str, profile: str = CPU_PROFILE) -> None:
+    """The entry point's body (``main_ppo.main``) in this process, on ``profile`` with ``overrides``.
 
     Raises what the launch would raise before Ray starts; reaching verl's ``run_ppo`` (which starts Ray)
     is an ``AssertionError``.
@@ -226,7 +226,7 @@ def main_until_ray(*overrides: str) -> None:
     from recipe.one_step_off_async import main_ppo
 
     with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
-        config = compose(config_name=CPU_PROFILE, overrides=list(overrides))
+        config = compose(config_name=profile, overrides=list(overrides))
     started_ray = AssertionError("the launch got as far as starting Ray")
     # HYDRA_FULL_ERROR=1: the launch's problems raise (LaunchProblems) instead of being printed.
     with (

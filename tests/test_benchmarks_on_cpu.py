@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from e2e import main_until_ray
 
 import benchmarks
 from benchmarks import BENCHMARKS, HELPERS, command_name, gloo_engine, learning, partial_rollout
@@ -263,6 +264,26 @@ def test_the_partial_rollout_report_prints_the_bound_and_the_targets(capsys):
     assert f"s2 partial: steps/min x1.60 (bound x{bound:.2f}, {1.6 / bound:.2f} of it)" in shown
     assert f"s2 partial: x1.60 >= x1.3: met; {1.6 / bound:.2f} of the bound >= 0.75: met" in shown
     assert "s4 partial: x1.40 >= x1.5: NOT met" in shown
+
+
+def test_the_generation_bound_profile_passes_the_launch_checks_with_cheap_training_at_8_samples_a_step(demo_assets):
+    """What the benchmark compares on ``one_step_off_ppo_cpu_generation_bound``, as the launch composes it: 8 samples
+    per step, one optimizer update, no reference model, verl's bypass mode (no recomputation of the old log-probs),
+    dynamic micro-batches; its headline mode (partial rollout, s=2) passes every check before Ray starts. Its
+    training settings run end to end in the partial-rollout resume (test_e2e_partial_on_cpu.py)."""
+    from hydra import compose, initialize_config_module
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        profile = compose(config_name=partial_rollout.PROFILE)
+    assert profile.data.train_batch_size * profile.actor_rollout_ref.rollout.n == 8
+    actor = profile.actor_rollout_ref.actor
+    assert actor.ppo_mini_batch_size == profile.data.train_batch_size and actor.ppo_epochs == 1
+    assert actor.use_dynamic_bsz and not need_reference_policy(profile)
+    assert profile.algorithm.rollout_correction.bypass_mode
+    headline = ("async_training.staleness=2", "async_training.partial_rollout=true")
+    with pytest.raises(AssertionError, match="starting Ray"):
+        main_until_ray(*headline, profile=partial_rollout.PROFILE)
 
 
 def test_the_heavy_tail_overrides_for_a_gpu_profile_match_the_generation_bound_profile(demo_assets):

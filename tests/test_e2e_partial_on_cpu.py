@@ -1,7 +1,7 @@
 """Partial rollout on the real entry point: long-tail and multi-turn tool use at staleness 2, a replica lost
-mid-conversation, a resume; the generation-bound profile at staleness 2.
+mid-conversation, a resume with the generation-bound profile's cheap training.
 
-Four launches (a minute or two each on 2 cores): the first once per rollout engine (the ``hf`` replica, and vLLM's
+Three launches (a minute or two each on 2 cores): the first once per rollout engine (the ``hf`` replica, and vLLM's
 CPU build through verl's vLLM path with ``scheduling_policy=priority``, mark ``vllm``), the resume on ``hf``; on
 ``one_step_off_ppo_cpu_long_tail`` with an agentic half:
 every batch holds 2 long-tail prompts of 200 to 480 tokens (so each sync lands while they generate) and 2
@@ -14,11 +14,11 @@ demo's tool through verl's tool agent loop, then answers), 4 samples each, by th
   checked the version of every token of every turn against [k-1-s, k-1]; some samples span versions; the
   conversation whose replica died continued on the survivor and ended correctly;
 - resumed from that step-3 checkpoint by path, weights moving through files (the ``checkpoint`` engine, the
-  other weight-sync backend partial rollout supports on CPU): steps 4-6 train the same prompts as the first
-  run (the batches in flight at the checkpoint are regenerated from their prompts), within the same bounds;
-- ``one_step_off_ppo_cpu_generation_bound`` (the partial-rollout benchmark's profile), 4 steps of partial rollout
-  at staleness 2: it composes, trains 8 samples per step within the contract, with no reference model and no
-  recomputation of the old log-probs.
+  other weight-sync backend partial rollout supports on CPU), training as ``one_step_off_ppo_cpu_generation_bound``
+  (the partial-rollout benchmark's profile) does: verl's bypass mode (the rollout's log-probs as the old ones,
+  no recomputation) and dynamic micro-batches. Steps 4-6 train the same prompts as the first run (the batches
+  in flight at the checkpoint are regenerated from their prompts), within the same bounds. What else that
+  profile sets is checked before Ray starts (test_benchmarks_on_cpu.py).
 """
 
 from __future__ import annotations
@@ -122,6 +122,13 @@ def mixed_task(directory, demo_assets) -> tuple[str, ...]:
         f"actor_rollout_ref.rollout.multi_turn.function_tool_path={demo_assets.tool_function_path}",
     )
 
+
+# The generation-bound profile's cheap training (``one_step_off_ppo_cpu_generation_bound``), for the resume.
+GENERATION_BOUND_TRAINING = (
+    "algorithm.rollout_correction.bypass_mode=true",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024",
+)
 
 # vLLM admits the batches in flight oldest first by the priority the trainer gives each sample.
 PARTIAL_ON_VLLM = ("actor_rollout_ref.rollout.scheduling_policy=priority",)
@@ -227,35 +234,21 @@ def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(
     checkpoint = partial_run.directory / "checkpoints" / f"global_step_{SAVED_AT}"
     resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
     task = mixed_task(tmp_path, demo_assets)
-    resumed = run_main(tmp_path, *PARTIAL, *task, *resume, *checkpoint_engine(tmp_path / "weights"), profile=PROFILE)
+    resumed = run_main(
+        tmp_path,
+        *PARTIAL,
+        *task,
+        *resume,
+        *checkpoint_engine(tmp_path / "weights"),
+        *GENERATION_BOUND_TRAINING,
+        profile=PROFILE,
+    )
     assert resumed.returncode == 0, resumed.output[-5000:]
     assert_tokens_within_the_contract(resumed.metrics, range(SAVED_AT + 1, STEPS + 1), start=SAVED_AT)
-    assert all(values["checkpoint_engine/files"] >= 1 for values in resumed.metrics.values())
+    for values in resumed.metrics.values():
+        assert values["checkpoint_engine/files"] >= 1
+        # Bypass mode: no forward recomputes the old log-probs (the first run's steps do), the actor still updates.
+        assert "timing_s/old_log_prob" not in values and values["timing_s/update_actor"] > 0, sorted(values)
+    assert all("timing_s/old_log_prob" in values for values in partial_run.metrics.values())
     for step in range(SAVED_AT + 1, STEPS + 1):
         assert Counter(resumed.prompts(step)) == Counter(partial_run.prompts(step)), f"step {step}"
-
-
-GENERATION_BOUND_PROFILE = "one_step_off_ppo_cpu_generation_bound"  # the partial-rollout benchmark's profile
-GENERATION_BOUND_SAMPLES = 2 * 4  # its data.train_batch_size x rollout.n
-
-
-def test_the_generation_bound_profile_runs_partial_rollout_with_cheap_training(tmp_path):
-    """The profile of ``python -m benchmarks partial-rollout`` composes and trains its headline mode (s=2)."""
-    steps = 4
-    run = run_main(
-        tmp_path,
-        f"async_training.staleness={STALENESS}",
-        "async_training.partial_rollout=true",
-        f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
-        profile=GENERATION_BOUND_PROFILE,
-    )
-    assert run.returncode == 0, run.output[-5000:]
-    metrics = run.metrics
-    assert_tokens_within_the_contract(metrics, range(1, steps + 1))
-    for step, values in metrics.items():
-        assert len(run.responses(step)) == GENERATION_BOUND_SAMPLES
-        # Cheap training: no reference model, no recomputation of the old log-probs (verl's bypass mode), one update.
-        assert {"timing_s/ref", "timing_s/old_log_prob"}.isdisjoint(values), sorted(values)
-        assert values["timing_s/update_actor"] > 0 and values["async/synced"] == 1.0

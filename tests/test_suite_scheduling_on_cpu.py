@@ -1,8 +1,9 @@
 """The suite's own scheduling under pytest-xdist (``scripts/test.sh``, ``tests/conftest.py``).
 
-One worker takes the modules launched back to back (the fault tests among them), so no other launch shares the
-machine with them; each other module stays in one worker, so its module-scoped fixtures are made once. The scheduler subclasses a
-class of xdist's (``LoadFileScheduling._split_scope``): these tests fail when xdist changes it.
+One worker takes the modules launched back to back (the undisturbed run and the elastic and fault tests that compare
+with it), so that run is made once; each other module stays in one worker, so its module-scoped fixtures are made
+once. The scheduler subclasses a class of xdist's (``LoadFileScheduling._split_scope``): these tests fail when xdist
+changes it.
 """
 
 from __future__ import annotations
