@@ -1,12 +1,11 @@
 """Faults on the real entry point: a run fails fast and clearly, leaves nothing behind, loses no data.
 
-Seven launches of ``python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_cpu``
+Six launches of ``python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_cpu``
 (``faults.start_main`` or ``e2e.run_main``), each checking the exit code, the time to failure, the
 message, and that no process of the run survives it:
 
-- a rollout replica killed mid-generation; a rollout worker lost during a weight sync; a reward
-  function that raises (one launch each); on vLLM's CPU build (mark ``vllm``), vLLM's engine process killed
-  under its live server (one launch);
+- a rollout worker lost during a weight sync; a reward function that raises, on an elastic pool (one launch
+  each); on vLLM's CPU build (mark ``vllm``), vLLM's engine process killed under its live server (one launch);
 - the resume chain (``resume_chain``): three launches sharing one checkpoint folder, with weights
   pushed every 4 steps and at every checkpoint (every 3 steps), so each checkpoint the interrupt can
   leave falls in the middle of a sync interval. Launch 1 is stopped by Ctrl-C; launch 2 resumes and
@@ -18,7 +17,9 @@ message, and that no process of the run survives it:
 What a launch checks before Ray starts (a truncated checkpoint, an empty dataset) runs the entry
 point's body in this process (``e2e.main_until_ray``). Faults whose whole effect is on the driver's
 side (a generation error, a validation or first weight sync that never returns, a NaN reward) are
-tested with the real trainer and stub workers (test_trainer_loop_on_cpu.py).
+tested with the real trainer and stub workers (test_trainer_loop_on_cpu.py). A server actor that dies is named by
+the engine watch (test_engine_health_on_cpu.py, with Ray actors), and ends a run here when it is vLLM's engine, in
+the elastic tests when it is an hf server.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ CHAIN = (
     "async_training.staleness=1",
     f"async_training.sync_interval={CHAIN_SYNC_INTERVAL}",
     f"trainer.save_freq={CHAIN_SAVE_FREQ}",
-    # Slow steps (the update is the bulk of each): on an idle machine the trainer would otherwise finish the
-    # run during the seconds Ctrl-C takes to tear Ray down, leaving launch 2 no update to kill.
-    "actor_rollout_ref.actor.ppo_epochs=8",
     *loss_overrides(RESUME_LOSS),
     *estimator_overrides(RESUME_ESTIMATOR),
 )
+# Launches 1 and 2 take slow steps (the update is the bulk of each): on an idle machine the trainer would otherwise
+# finish the run during the seconds Ctrl-C takes to tear Ray down, leaving launch 2 no update to kill. Launch 3,
+# which nothing stops, trains one epoch a step: epochs change neither the batches nor the versions it asserts.
+SLOW_STEPS = ("actor_rollout_ref.actor.ppo_epochs=8",)
 
 
 @dataclass
@@ -126,14 +128,6 @@ def assert_failed_cleanly(ended: Ended) -> None:
     assert "Traceback" in ended.run.output
 
 
-def test_rollout_replica_dying_mid_generation_fails_the_run_naming_it(tmp_path):
-    with watched(tmp_path, *BOUNDED, "trainer.total_training_steps=100") as run:
-        run.wait_for_step(2)
-        ended = end_by(run, lambda: run.signal_worker(ROLLOUT_SERVER, signal.SIGKILL))
-    assert_failed_cleanly(ended)
-    assert "HFRolloutServer" in ended.run.output and "died" in ended.run.output
-
-
 @pytest.mark.vllm
 def test_a_vllm_engine_dying_fails_the_run_within_seconds_naming_its_replica(tmp_path):
     """vLLM's engine process killed (the server actor above it lives on): the trainer's next check of the engines
@@ -170,16 +164,22 @@ def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
     assert frozen_step not in run.logged_steps()  # the step whose sync failed is not reported as done
 
 
-def test_reward_function_that_raises_fails_the_run_with_its_exception(tmp_path):
+def test_a_reward_function_that_raises_fails_the_run_with_its_exception_not_as_a_lost_replica(tmp_path):
+    """On an elastic pool of two replicas, where a failed request is generated again on a survivor: an error of the
+    reward function is the user's, not a replica's, and fails the run at once with it."""
     run = run_main(
         tmp_path,
         *BOUNDED,
         "trainer.total_training_steps=3",
+        "async_training.elastic.enable=true",
+        "actor_rollout_ref.rollout.n_gpus_per_node=2",
         *reward_function(tmp_path, "raise ZeroDivisionError(f'reward bug on {solution_str!r}')"),
         timeout_s=300,
     )
     assert run.returncode != 0
     assert "ZeroDivisionError: reward bug on" in run.output
+    assert "lost at step" not in run.output and "RolloutPoolLostError" not in run.output  # no replica taken for lost
+    assert not run.metrics  # the first batch failed: no step trained
 
 
 # --- the resume chain ----------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class ResumeChain:
 def resume_chain(tmp_path_factory, demo_assets) -> ResumeChain:
     root = tmp_path_factory.mktemp("resume_chain")
     checkpoints = root / "checkpoints"
-    chain = (*CHAIN, f"trainer.default_local_dir={checkpoints}")
+    chain = (*CHAIN, *SLOW_STEPS, f"trainer.default_local_dir={checkpoints}")
     # Launches 1 and 2 run for more steps than the chain's, so that an idle machine cannot finish them during
     # the seconds a Ctrl-C or a kill takes to stop them; 2 and 3 resume from the mid-interval checkpoint of
     # step 3 by path, whichever later checkpoint launch 1 managed to write before Ray was torn down.
@@ -216,7 +216,7 @@ def resume_chain(tmp_path_factory, demo_assets) -> ResumeChain:
         interrupted = end_by(run, run.interrupt, timeout_s=FAIL_WITHIN_S)
     tracked_after_ctrl_c = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
 
-    # The kill lands in the step after the first one the resumed run logs (CHAIN's ppo_epochs makes the
+    # The kill lands in the step after the first one the resumed run logs (SLOW_STEPS make the
     # update the bulk of it).
     with watched(root / "crashed", *chain, beyond_the_end, *from_step_3) as run:
         run.wait_for_step(resumed_from + 1)
