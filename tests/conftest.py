@@ -39,11 +39,12 @@ def needs_demo_assets(item: pytest.Item) -> bool:
 
 # The modules that launch the entry point (marks e2e, convergence, vllm). Under xdist (``scripts/test.sh``) one
 # worker runs the first three back to back from the start (they share the undisturbed run), while the other runs
-# every module that launches nothing, then the last three: at most two launches share the machine at a time.
+# every module that launches nothing, then the last three: at most two launches share the machine at a time, and
+# the fault tests, whose timings are the tightest, run beside unit tests.
 LAUNCHING_MODULES = (
-    "test_e2e_main_on_cpu.py",  # first: the session's undisturbed run, which elastic and faults compare with
-    "test_e2e_elastic_on_cpu.py",
+    "test_e2e_main_on_cpu.py",  # first: the session's undisturbed run, which faults and elastic compare with
     "test_e2e_faults_on_cpu.py",
+    "test_e2e_elastic_on_cpu.py",
     "test_e2e_partial_on_cpu.py",
     "test_e2e_trainer_features_on_cpu.py",
     "test_e2e_convergence_on_cpu.py",
