@@ -20,9 +20,9 @@ s0 gain: mean 0.153 (SYNC_GAIN), sd 0.019. s1 gain: mean 0.147, sd 0.025, smalle
 sd 0.024. Four runs at seed 0 (the test's) gained +0.156, +0.160, +0.145, +0.149: sampling is not reproducible
 (below), so the seed fixes the data order and the spread of one seed is what a rerun sees. The floor,
 GAIN_FLOOR = SYNC_GAIN / 2 = 0.077, is 11 sd of seed 0's own spread below its mean and 2.8 sd of staleness 1's
-spread over seeds; the test fails when staleness 1 keeps less than half the synchronous learning per step, where the
-earlier live side-by-side (staleness 0 run beside it, difference at most 0.08) failed too. The baseline is the
-ten seeds' mean, not a third launch: one staleness-0 run is as noisy as the run it would be compared with
+spread over seeds; the test fails when staleness 1 keeps less than half the synchronous learning per step, where
+the earlier live side-by-side (a staleness-0 run beside it, difference at most 0.08) failed too. The baseline is
+the ten seeds' mean, not a second launch: one staleness-0 run is as noisy as the run it would be compared with
 (re-measure it, this module's run at staleness 0 and 1 over the ten seeds, when the task, model or learning rate
 changes; ``python -m benchmarks learning --grid staleness-parity`` gives comparable figures on its own validation
 schedule). The graded task's parity (``one_step_off_ppo_cpu_graded``) is measured by that benchmark, outside the
