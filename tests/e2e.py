@@ -33,6 +33,8 @@ STEPS = 4
 # Ray prestarts for a first driver, which no test reads or uses, a launch costs ~10 s less CPU (of ~110 s).
 LEAN_RAY = ("+ray_kwargs.ray_init.include_dashboard=false",)
 LEAN_RAY_ENV = {"RAY_prestart_worker_first_driver": "0"}
+# The elastic rollout pool (async_training.elastic), for the runs that use it.
+ELASTIC = ("async_training.elastic.enable=true",)
 ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the resume chain
 
 # Per recipe loss: extra overrides, a metric only it logs (or None), a metric it must not log (or None):

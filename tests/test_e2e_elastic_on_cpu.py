@@ -25,6 +25,7 @@ from collections import Counter
 
 import pytest
 from e2e import (
+    ELASTIC,
     ENGINES,
     JOIN_RUN_LOSS,
     KILL_RUN_ESTIMATOR,
@@ -46,7 +47,6 @@ pytestmark = pytest.mark.e2e
 
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true")
 
-ELASTIC = ("async_training.elastic.enable=true",)
 SAMPLES_PER_BATCH = 16 * 4  # data.train_batch_size x rollout.n of the CPU profile
 FAIL_WITHIN_S = 60
 # How a replica's server is named: the hf server by its actor, verl's vLLM server by its HTTP address.

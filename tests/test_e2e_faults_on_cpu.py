@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 from e2e import (
+    ELASTIC,
     ONE_STEP_OFF_STEPS,
     RESUME_ESTIMATOR,
     RESUME_LOSS,
@@ -171,7 +172,7 @@ def test_a_reward_function_that_raises_fails_the_run_with_its_exception_not_as_a
         tmp_path,
         *BOUNDED,
         "trainer.total_training_steps=3",
-        "async_training.elastic.enable=true",
+        *ELASTIC,
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         *reward_function(tmp_path, "raise ZeroDivisionError(f'reward bug on {solution_str!r}')"),
         timeout_s=300,
