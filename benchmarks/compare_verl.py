@@ -1,12 +1,14 @@
-"""verl's own one-step-off trainer and this recipe side by side on CPU: validation, resume, steps per minute.
+"""verl's own one-step-off trainers and this recipe side by side on CPU: validation, resume, steps per minute.
 
-What validation scores, what a resume trains next, and steps per minute: the measurements behind "Why this
-recipe" in the docs.
+What validation scores, what a resume trains next, steps per minute and the staleness trained: the measurements
+behind "Why this recipe" in the docs.
 
-What: runs verl 0.9.1's ``verl.experimental.one_step_off_policy.main_ppo`` and the recipe's ``main_ppo`` on
-the built-in task with the same settings (the CPU profile's model, data, batch, learning rate; both on the
-recipe's CPU platform, ``hf`` replica and ``gloo`` weight sync, which is the only way verl's trainer runs on
-CPU), three runs each:
+What: runs verl 0.9.1's ``verl.experimental.one_step_off_policy.main_ppo``, verl's V1 trainer in its
+``separate_async`` mode (``verl.trainer.main_ppo trainer.v1.trainer_mode=separate_async``: a standalone rollout
+pool, samples streamed through TransferQueue, a sync after every step that aborts and resumes generation) and
+the recipe's ``main_ppo`` on the built-in task with the same settings (the CPU profile's model, data, batch,
+learning rate; all on the recipe's CPU platform, ``hf`` replica and ``gloo`` weight sync, which is the only way
+verl's trainers run on CPU), three runs each:
 
 1. four steps at a learning rate high enough that one update changes greedy answers (``BIG_LR``), greedy
    validation before training and after every step, a checkpoint at step 2: after each step, are the
@@ -14,15 +16,26 @@ CPU), three runs each:
    first step whose update is not zero (grad norm > 0; a batch whose every group has one reward has none);
    with the rollout's weights, one update later.
 2. a resume from that step-2 checkpoint: does it train at step 3 the prompts the run trained at step 3?
-3. ``--steps`` steps without validation: steps per minute, with the median step time after step 2.
+3. ``--steps`` steps without validation: steps per minute, the median step after step 2 and where it goes
+   (waiting for the batch, the weight sync, the old log-probs, the update), and the staleness of what each step
+   trained (V1 reports how many versions each trajectory's generation spans; the recipe every sample's version).
 
 Why: claims about verl's trainers are measured, not read off their code.
 
-How: ``python -m benchmarks compare-verl [--steps 20] [--out outputs/compare_verl]`` (about ten minutes on 2
-cores; an idle machine for the timing). verl's trainer fails at its first data dump in 0.9.1
-(``_dump_executor`` never created); ``benchmarks/verl_one_step_off_dumps.py``, loaded into its processes,
-creates it. verl's V1 ``separate_async`` trainer is not part of it: it needs the TransferQueue package (verl's
-``verl-core`` extra) and a GPU weight-sync backend.
+How: ``python -m benchmarks compare-verl [--steps 20] [--trainers ...] [--out outputs/compare_verl]`` (about
+fifteen minutes on 2 cores; an idle machine for the timing). What verl's trainers need on top of the recipe's
+environment, which the benchmark provides:
+
+- verl's one-step-off trainer fails at its first data dump in 0.9.1 (``_dump_executor`` never created);
+  ``benchmarks/verl_one_step_off_dumps.py``, loaded into its processes, creates it.
+- the V1 trainer imports TransferQueue (verl's ``verl-core`` extra), whose wheel also installs top-level
+  ``recipe``, ``scripts`` and ``tests`` folders that would shadow this repository's in its environment: the
+  benchmark installs the package alone (no dependencies: verl's already provide them) into a folder of its own
+  in the demo's cache and puts only that on the V1 runs' path (the first run needs the package index).
+- V1's ``separate_async`` set-up logs with ``logger.info(..., flush=True)`` (``trainer_separate_async.py:181``
+  in 0.9.1), a ``TypeError`` wherever INFO is enabled: its runs set ``VERL_LOGGING_LEVEL=WARN``.
+- V1 asks ``train_batch_size == parameter_sync_step * ppo_mini_batch_size``: one optimizer step per sync, as
+  the other two take (``parameter_sync_step=1``), and ``hybrid_engine=false`` (rollout on its own pool only).
 """
 
 from __future__ import annotations
@@ -30,11 +43,13 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from benchmarks import argument_parser
 from recipe.one_step_off_async import runs
-from recipe.one_step_off_async.demo.assets import ensure_assets
+from recipe.one_step_off_async.demo.assets import asset_dir, ensure_assets
 from recipe.one_step_off_async.platforms import cpu
 
 TASK = "val-core/one_step_off_async/sort_letters/acc/mean@1"
@@ -76,13 +91,66 @@ VERL_ON_CPU = [
     "algorithm.adv_estimator=grpo",
     "+ray_kwargs.ray_init.num_cpus=32",  # its task runner asks for 10 CPUs of Ray's
 ]
+V1_SEPARATE_ASYNC = [
+    "trainer.v1.trainer_mode=separate_async",
+    "trainer.v1.separate_async.parameter_sync_step=1",  # train_batch_size = parameter_sync_step * ppo_mini_batch_size
+]
 # trainer: (module, config name (None: the module's own), overrides)
 TRAINERS = {
     "verl one_step_off_policy": ("verl.experimental.one_step_off_policy.main_ppo", None, VERL_ON_CPU),
+    "verl V1 separate_async": ("verl.trainer.main_ppo", None, VERL_ON_CPU + V1_SEPARATE_ASYNC),
     "recipe": (runs.ENTRY_MODULE, "one_step_off_ppo_cpu", []),
 }
-# Loaded into every process of verl's run (its Ray workers too): starts the data-dump executor verl never starts.
+# Loaded into every process of verl's one-step-off run (its Ray workers too): starts the data-dump executor verl
+# never starts. V1's trainer starts its own.
 DUMPS_PATCH = "benchmarks.verl_one_step_off_dumps"
+# What verl 0.9.1's ``verl-core`` extra asks for (TransferQueue>=0.1.10), pinned: the V1 trainer's only package
+# beyond the recipe's environment.
+TRANSFER_QUEUE = "TransferQueue==0.1.11"
+# What each trainer's step waits on, by its own timer names: (batch wait, weight sync).
+STEP_PARTS = {
+    "verl one_step_off_policy": ("timing_s/gen", "timing_s/sync_rollout_weights"),
+    "verl V1 separate_async": ("timing_s/gen", "timing_s/update_weights"),
+    "recipe": ("timing_s/wait_prev_gen", "timing_s/sync_weights"),
+}
+# The staleness of a step's samples, by trainer: versions between the oldest weights that sampled a sample's
+# tokens and those it trains (V1: ``(step - 1) - min_global_steps`` per trajectory, with /mean and /max).
+STALENESS = {
+    "verl V1 separate_async": "training/off_policy/trajectory_staleness_worst",
+    "recipe": "async/staleness",
+}
+
+
+def transfer_queue_path() -> Path:
+    """A folder holding the ``transfer_queue`` package alone, installed once into the demo's cache."""
+    target = asset_dir(None, 0).parent / TRANSFER_QUEUE.replace("==", "-").lower()
+    if (target / "transfer_queue").is_dir():
+        return target
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(staging), TRANSFER_QUEUE]
+    subprocess.run(pip, check=True)
+    for folder in ("recipe", "scripts", "tests", "tutorial"):  # the wheel's top-level extras: not the package
+        shutil.rmtree(staging / folder, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def verl_env(trainer: str) -> dict[str, str]:
+    """What the recipe's launch gives its workers (the plugin, the CPU platform), for one of verl's trainers,
+    and what that trainer needs beyond it (see the module docstring)."""
+    env = cpu.env_vars()
+    root = str(Path(__file__).resolve().parents[1])  # the runs start in folders of their own
+    path = [root]
+    plugins = ["recipe.one_step_off_async.verl_plugin"]
+    if trainer == "verl one_step_off_policy":
+        plugins.append(DUMPS_PATCH)
+    else:
+        path.append(str(transfer_queue_path()))
+        env["VERL_LOGGING_LEVEL"] = "WARN"
+    env["VERL_USE_EXTERNAL_MODULES"] = ",".join(plugins)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, os.environ.get("PYTHONPATH")]))
+    return env
 
 
 def run(trainer: str, directory: Path, overrides: list[str]) -> runs.Run:
@@ -90,14 +158,9 @@ def run(trainer: str, directory: Path, overrides: list[str]) -> runs.Run:
     module, profile, own = TRAINERS[trainer]
     directory.mkdir(parents=True)
     env = {}
-    if profile is None:  # verl's trainer: the task's files, what the recipe's launch gives its workers (the
-        # plugin, the CPU platform), and the patch without which it fails at its first data dump
+    if profile is None:  # one of verl's trainers: the task's files and its environment
         own = [*own, *ensure_assets().verl_overrides()]
-        env.update(cpu.env_vars())
-        env["VERL_USE_EXTERNAL_MODULES"] = f"recipe.one_step_off_async.verl_plugin,{DUMPS_PATCH}"
-        # The runs start in folders of their own: the repository root (where this package is) on their path.
-        root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = verl_env(trainer)
     return runs.run(
         directory,
         *own,
@@ -123,13 +186,18 @@ def prompts(run: runs.Run, step: int) -> list[str]:
 def main(argv: list[str]) -> None:
     parser = argument_parser(__name__, __doc__)
     parser.add_argument("--steps", type=int, default=20)
+    names = {trainer.split()[-1]: trainer for trainer in TRAINERS}
+    parser.add_argument(
+        "--trainers", nargs="+", choices=list(names), default=list(names), help="which trainers to run (all)"
+    )
     parser.add_argument("--out", type=Path, default=Path("outputs/compare_verl"))
     args = parser.parse_args(argv)
     args.out = args.out.resolve()  # the runs start in folders of their own
     if args.out.exists():
         shutil.rmtree(args.out)
 
-    for trainer in TRAINERS:
+    steps_per_minute = {}
+    for trainer in (names[name] for name in args.trainers):
         folder = args.out / trainer.replace(" ", "_")
         first = folder / "validate_and_save"
         validated = run(
@@ -171,6 +239,37 @@ def main(argv: list[str]) -> None:
             [f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=false"]
             + ["trainer.save_freq=-1", "trainer.resume_mode=disable"],
         ).metrics
-        steps = [timed[step]["timing_s/step"] for step in sorted(timed) if step > 2 and "timing_s/step" in timed[step]]
-        median = statistics.median(steps)
-        print(f"  steps {3}-{args.steps}: median step {median:.2f} s, {60 / median:.1f} steps/min")
+        steady = [timed[step] for step in sorted(timed) if step > 2 and "timing_s/step" in timed[step]]
+        median = statistics.median(m["timing_s/step"] for m in steady)
+        steps_per_minute[trainer] = 60 / median
+        wait, sync = STEP_PARTS[trainer]
+        parts = {
+            "wait for the batch": wait,
+            "sync": sync,
+            "old log-probs": "timing_s/old_log_prob",
+            "update": "timing_s/update_actor",
+        }
+        split = ", ".join(
+            f"{name} {statistics.median(m.get(key, 0.0) for m in steady):.3f} s" for name, key in parts.items()
+        )
+        print(f"  steps 3-{args.steps}: median step {median:.2f} s, {60 / median:.1f} steps/min ({split})")
+        if trainer in STALENESS:
+            key = STALENESS[trainer]
+            trained = [m[f"{key}/mean" if f"{key}/mean" in m else key] for m in steady]
+            worst = max(m.get(f"{key}/max", m.get(key, 0)) for m in steady)
+            print(
+                f"  staleness trained (versions between sampling and training): mean per step "
+                f"{min(trained):.2f}-{max(trained):.2f}, max {worst:g}"
+            )
+        evicted = sum(v for m in steady for k, v in m.items() if k.endswith("/off_policy/evicted_samples"))
+        if trainer == "verl V1 separate_async":  # its bound: trajectories spanning more versions are dropped
+            print(f"  dropped as too stale (sampler.max_off_policy_threshold, verl's default 8): {evicted:g} samples")
+
+    if "recipe" in steps_per_minute and len(steps_per_minute) > 1:
+        print("\nsteps per minute, the recipe against each (this run):")
+        for trainer, rate in steps_per_minute.items():
+            if trainer != "recipe":
+                print(
+                    f"  {trainer}: {rate:.1f} -> recipe {steps_per_minute['recipe']:.1f} = "
+                    f"{steps_per_minute['recipe'] / rate:.2f}x"
+                )

@@ -14,10 +14,13 @@ and the cheapest one measures end to end.
 - ``gloo-engine`` with the smallest synthetic model (1 layer, hidden 64: 8 MB of bf16), one receiver, 1 MiB
   buckets (several per sync) and one repetition, receivers loading into their model: every line of its
   report, numbers as numbers, not their values (timings on a shared machine say nothing).
+- ``compare-verl``'s settings for verl's V1 ``separate_async`` against what verl's code and config ask for (its
+  batch and sync-step rule, the logging call that needs INFO off, the TransferQueue version).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import pkgutil
@@ -296,3 +299,39 @@ def test_the_heavy_tail_overrides_for_a_gpu_profile_match_the_generation_bound_p
     for item in partial_rollout.heavy_tail_task():
         key, value = item.split("=", 1)
         assert str(OmegaConf.select(profile, key)).lower() == value.lower(), item
+
+
+def test_compare_verl_gives_verls_v1_separate_async_what_its_set_up_asks_for():
+    """What the benchmark works around in verl 0.9.1's V1 ``separate_async`` (its module docstring), read from
+    verl's own code and config, so that a verl upgrade that changes it shows here."""
+    import importlib.metadata
+
+    import verl
+    from hydra import compose, initialize_config_module
+    from packaging.requirements import Requirement
+
+    from benchmarks import compare_verl
+
+    # Read, not imported: the module imports TransferQueue, which the recipe's environment lacks.
+    source = (Path(verl.__file__).parent / "trainer" / "ppo" / "v1" / "trainer_separate_async.py").read_text()
+    logged_with_flush = [  # logging's TypeError wherever INFO is on: why the runs set VERL_LOGGING_LEVEL=WARN
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "logger.info"
+        and any(keyword.arg == "flush" for keyword in node.keywords)
+    ]
+    assert logged_with_flush
+    assert "assert train_batch_size == parameter_sync_step * ppo_mini_batch_size" in source
+    wanted = [Requirement(r) for r in importlib.metadata.requires("verl") if r.startswith("TransferQueue")]
+    assert [str(r.specifier) for r in wanted] == [">=0.1.10"]
+    assert Requirement(compare_verl.TRANSFER_QUEUE).specifier.contains("0.1.11")
+
+    overrides = [o for o in compare_verl.TRAINERS["verl V1 separate_async"][2] if not o.startswith("hydra.")]
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    assert config.trainer.v1.trainer_mode == "separate_async" and config.trainer.use_v1
+    sync_step = config.trainer.v1.separate_async.parameter_sync_step
+    assert config.data.train_batch_size == sync_step * config.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert config.actor_rollout_ref.hybrid_engine is False  # rollout on its own pool only
+    assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"
