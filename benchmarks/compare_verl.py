@@ -30,7 +30,7 @@ environment, which the benchmark provides:
   ``benchmarks/verl_one_step_off_dumps.py``, loaded into its processes, creates it.
 - the V1 trainer imports TransferQueue (verl's ``verl-core`` extra), whose wheel also installs top-level
   ``recipe``, ``scripts`` and ``tests`` folders that would shadow this repository's in its environment: the
-  benchmark installs the package alone (no dependencies: verl's already provide them) into a folder of its own
+  benchmark installs the package alone (no dependencies: the recipe's environment has them) into a folder of its own
   in the demo's cache and puts only that on the V1 runs' path (the first run needs the package index).
 - V1's ``separate_async`` set-up logs with ``logger.info(..., flush=True)`` (``trainer_separate_async.py:181``
   in 0.9.1), a ``TypeError`` wherever INFO is enabled: its runs set ``VERL_LOGGING_LEVEL=WARN``.
@@ -49,7 +49,7 @@ from pathlib import Path
 
 from benchmarks import argument_parser
 from recipe.one_step_off_async import runs
-from recipe.one_step_off_async.demo.assets import asset_dir, ensure_assets
+from recipe.one_step_off_async.demo.assets import cache_root, ensure_assets, exclusive_lock
 from recipe.one_step_off_async.platforms import cpu
 
 TASK = "val-core/one_step_off_async/sort_letters/acc/mean@1"
@@ -113,26 +113,33 @@ STEP_PARTS = {
     "verl V1 separate_async": ("timing_s/gen", "timing_s/update_weights"),
     "recipe": ("timing_s/wait_prev_gen", "timing_s/sync_weights"),
 }
-# The staleness of a step's samples, by trainer: versions between the oldest weights that sampled a sample's
-# tokens and those it trains (V1: ``(step - 1) - min_global_steps`` per trajectory, with /mean and /max).
+# The staleness of a step's samples, by trainer, (mean, max) over the step: versions between the oldest weights
+# that sampled a sample's tokens and those it trains (V1: ``(step - 1) - min_global_steps`` per trajectory; the
+# recipe out of partial rollout: one version per batch, so mean = max).
+V1_STALENESS = "training/off_policy/trajectory_staleness_worst"
 STALENESS = {
-    "verl V1 separate_async": "training/off_policy/trajectory_staleness_worst",
-    "recipe": "async/staleness",
+    "verl V1 separate_async": (f"{V1_STALENESS}/mean", f"{V1_STALENESS}/max"),
+    "recipe": ("async/staleness", "async/staleness"),
 }
+# V1's replay buffer drops a group queued more than ``sampler.max_off_policy_threshold`` steps before the step that
+# would train it, counted here (absent: none dropped that step).
+V1_EVICTED = "training/off_policy/evicted_samples"
 
 
 def transfer_queue_path() -> Path:
     """A folder holding the ``transfer_queue`` package alone, installed once into the demo's cache."""
-    target = asset_dir(None, 0).parent / TRANSFER_QUEUE.replace("==", "-").lower()
-    if (target / "transfer_queue").is_dir():
-        return target
-    staging = target.with_name(target.name + ".staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(staging), TRANSFER_QUEUE]
-    subprocess.run(pip, check=True)
-    for folder in ("recipe", "scripts", "tests", "tutorial"):  # the wheel's top-level extras: not the package
-        shutil.rmtree(staging / folder, ignore_errors=True)
-    staging.rename(target)
+    target = cache_root() / TRANSFER_QUEUE.replace("==", "-").lower()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(target.with_name(target.name + ".lock")):
+        if not (target / "transfer_queue").is_dir():
+            staging = target.with_name(target.name + ".staging")
+            for folder in (staging, target):  # what a killed install left
+                shutil.rmtree(folder, ignore_errors=True)
+            pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(staging)]
+            subprocess.run([*pip, TRANSFER_QUEUE], check=True)
+            for folder in ("recipe", "scripts", "tests", "tutorial"):  # the wheel's top-level extras: not the package
+                shutil.rmtree(staging / folder, ignore_errors=True)
+            staging.rename(target)
     return target
 
 
@@ -145,7 +152,7 @@ def verl_env(trainer: str) -> dict[str, str]:
     plugins = ["recipe.one_step_off_async.verl_plugin"]
     if trainer == "verl one_step_off_policy":
         plugins.append(DUMPS_PATCH)
-    else:
+    if trainer == "verl V1 separate_async":
         path.append(str(transfer_queue_path()))
         env["VERL_LOGGING_LEVEL"] = "WARN"
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(plugins)
@@ -186,9 +193,9 @@ def prompts(run: runs.Run, step: int) -> list[str]:
 def main(argv: list[str]) -> None:
     parser = argument_parser(__name__, __doc__)
     parser.add_argument("--steps", type=int, default=20)
-    names = {trainer.split()[-1]: trainer for trainer in TRAINERS}
+    short_names = {trainer.split()[-1]: trainer for trainer in TRAINERS}
     parser.add_argument(
-        "--trainers", nargs="+", choices=list(names), default=list(names), help="which trainers to run (all)"
+        "--trainers", nargs="+", choices=list(short_names), default=list(short_names), help="which to run (all)"
     )
     parser.add_argument("--out", type=Path, default=Path("outputs/compare_verl"))
     args = parser.parse_args(argv)
@@ -197,7 +204,7 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(args.out)
 
     steps_per_minute = {}
-    for trainer in (names[name] for name in args.trainers):
+    for trainer in (short_names[name] for name in args.trainers):
         folder = args.out / trainer.replace(" ", "_")
         first = folder / "validate_and_save"
         validated = run(
@@ -243,26 +250,21 @@ def main(argv: list[str]) -> None:
         median = statistics.median(m["timing_s/step"] for m in steady)
         steps_per_minute[trainer] = 60 / median
         wait, sync = STEP_PARTS[trainer]
-        parts = {
-            "wait for the batch": wait,
-            "sync": sync,
-            "old log-probs": "timing_s/old_log_prob",
-            "update": "timing_s/update_actor",
-        }
-        split = ", ".join(
-            f"{name} {statistics.median(m.get(key, 0.0) for m in steady):.3f} s" for name, key in parts.items()
-        )
+        parts = {"wait for the batch": wait, "sync": sync, "update": "timing_s/update_actor"}
+        seconds = {name: statistics.median(m[key] for m in steady) for name, key in parts.items()}
+        # verl's one-step-off trains in bypass mode: no old log-prob pass, so no timer for one
+        seconds["old log-probs"] = statistics.median(m.get("timing_s/old_log_prob", 0.0) for m in steady)
+        split = ", ".join(f"{name} {value:.3f} s" for name, value in seconds.items())
         print(f"  steps 3-{args.steps}: median step {median:.2f} s, {60 / median:.1f} steps/min ({split})")
         if trainer in STALENESS:
-            key = STALENESS[trainer]
-            trained = [m[f"{key}/mean" if f"{key}/mean" in m else key] for m in steady]
-            worst = max(m.get(f"{key}/max", m.get(key, 0)) for m in steady)
+            mean, worst = STALENESS[trainer]
+            means = [m[mean] for m in steady]
             print(
                 f"  staleness trained (versions between sampling and training): mean per step "
-                f"{min(trained):.2f}-{max(trained):.2f}, max {worst:g}"
+                f"{min(means):.2f}-{max(means):.2f}, max {max(m[worst] for m in steady):g}"
             )
-        evicted = sum(v for m in steady for k, v in m.items() if k.endswith("/off_policy/evicted_samples"))
-        if trainer == "verl V1 separate_async":  # its bound: trajectories spanning more versions are dropped
+        if trainer == "verl V1 separate_async":
+            evicted = sum(m.get(V1_EVICTED, 0) for m in steady)
             print(f"  dropped as too stale (sampler.max_off_policy_threshold, verl's default 8): {evicted:g} samples")
 
     if "recipe" in steps_per_minute and len(steps_per_minute) > 1:

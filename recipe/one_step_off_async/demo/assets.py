@@ -133,10 +133,15 @@ class DemoAssetsCallback(Callback):
         register_resolver()
 
 
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache: ``cache_dir``, else ``$ONE_STEP_OFF_ASSETS_DIR``, else ``~/.cache/one_step_off_async``."""
+    base = cache_dir if cache_dir is not None else os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
+    return Path(base).expanduser().resolve()
+
+
 def asset_dir(cache_dir: str | os.PathLike | None, seed: int) -> Path:
     """Where ``ensure_assets`` keeps the build for ``seed`` under ``cache_dir`` (see the module docstring)."""
-    base = cache_dir if cache_dir is not None else os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
-    return Path(base).expanduser().resolve() / f"assets-{ASSETS_VERSION}-seed{seed}"
+    return cache_root(cache_dir) / f"assets-{ASSETS_VERSION}-seed{seed}"
 
 
 def is_built(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> bool:
@@ -148,14 +153,15 @@ def ensure_assets(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> 
     """Return the assets for ``seed``, building them first if they are not in the cache yet."""
     root = asset_dir(cache_dir, seed)
     root.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root.with_name(root.name + ".lock")):
+    with exclusive_lock(root.with_name(root.name + ".lock")):
         if not is_built(cache_dir, seed):
             _build_atomically(root, seed)
         return _load(root, seed)
 
 
 @contextlib.contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Held by one process at a time (an ``flock`` on ``lock_path``): whoever builds into the cache holds it."""
     with open(lock_path, "a") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file is closed
         yield
