@@ -18,7 +18,8 @@ verl's trainers run on CPU), three runs each:
 2. a resume from that step-2 checkpoint: does it train at step 3 the prompts the run trained at step 3?
 3. ``--steps`` steps without validation: steps per minute, the median step after step 2 and where it goes
    (waiting for the batch, the weight sync, the old log-probs, the update), and the staleness of what each step
-   trained (V1 reports how many versions each trajectory's generation spans; the recipe every sample's version).
+   trained (V1: the oldest weights in each trajectory, and what its staleness bound dropped; the recipe: every
+   sample's version).
 
 Why: claims about verl's trainers are measured, not read off their code.
 
@@ -30,8 +31,8 @@ environment, which the benchmark provides:
   ``benchmarks/verl_one_step_off_dumps.py``, loaded into its processes, creates it.
 - the V1 trainer imports TransferQueue (verl's ``verl-core`` extra), whose wheel also installs top-level
   ``recipe``, ``scripts`` and ``tests`` folders that would shadow this repository's in its environment: the
-  benchmark installs the package alone (no dependencies: the recipe's environment has them) into a folder of its own
-  in the demo's cache and puts only that on the V1 runs' path (the first run needs the package index).
+  benchmark installs the package alone (no dependencies: the recipe's environment has them) into a folder of
+  its own in the demo's cache and puts only that on the V1 runs' path (the first run needs the package index).
 - V1's ``separate_async`` set-up logs with ``logger.info(..., flush=True)`` (``trainer_separate_async.py:181``
   in 0.9.1), a ``TypeError`` wherever INFO is enabled: its runs set ``VERL_LOGGING_LEVEL=WARN``.
 - V1 asks ``train_batch_size == parameter_sync_step * ppo_mini_batch_size``: one optimizer step per sync, as
