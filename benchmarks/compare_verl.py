@@ -96,11 +96,13 @@ V1_SEPARATE_ASYNC = [
     "trainer.v1.trainer_mode=separate_async",
     "trainer.v1.separate_async.parameter_sync_step=1",  # train_batch_size = parameter_sync_step * ppo_mini_batch_size
 ]
+# The trainers compared, by the names the report prints.
+VERL_ONE_STEP_OFF, VERL_V1, RECIPE = "verl one_step_off_policy", "verl V1 separate_async", "recipe"
 # trainer: (module, config name (None: the module's own), overrides)
 TRAINERS = {
-    "verl one_step_off_policy": ("verl.experimental.one_step_off_policy.main_ppo", None, VERL_ON_CPU),
-    "verl V1 separate_async": ("verl.trainer.main_ppo", None, VERL_ON_CPU + V1_SEPARATE_ASYNC),
-    "recipe": (runs.ENTRY_MODULE, "one_step_off_ppo_cpu", []),
+    VERL_ONE_STEP_OFF: ("verl.experimental.one_step_off_policy.main_ppo", None, VERL_ON_CPU),
+    VERL_V1: ("verl.trainer.main_ppo", None, VERL_ON_CPU + V1_SEPARATE_ASYNC),
+    RECIPE: (runs.ENTRY_MODULE, "one_step_off_ppo_cpu", []),
 }
 # Loaded into every process of verl's one-step-off run (its Ray workers too): starts the data-dump executor verl
 # never starts. V1's trainer starts its own.
@@ -110,17 +112,17 @@ DUMPS_PATCH = "benchmarks.verl_one_step_off_dumps"
 TRANSFER_QUEUE = "TransferQueue==0.1.11"
 # What each trainer's step waits on, by its own timer names: (batch wait, weight sync).
 STEP_PARTS = {
-    "verl one_step_off_policy": ("timing_s/gen", "timing_s/sync_rollout_weights"),
-    "verl V1 separate_async": ("timing_s/gen", "timing_s/update_weights"),
-    "recipe": ("timing_s/wait_prev_gen", "timing_s/sync_weights"),
+    VERL_ONE_STEP_OFF: ("timing_s/gen", "timing_s/sync_rollout_weights"),
+    VERL_V1: ("timing_s/gen", "timing_s/update_weights"),
+    RECIPE: ("timing_s/wait_prev_gen", "timing_s/sync_weights"),
 }
 # The staleness of a step's samples, by trainer, (mean, max) over the step: versions between the oldest weights
 # that sampled a sample's tokens and those it trains (V1: ``(step - 1) - min_global_steps`` per trajectory; the
 # recipe out of partial rollout: one version per batch, so mean = max).
 V1_STALENESS = "training/off_policy/trajectory_staleness_worst"
 STALENESS = {
-    "verl V1 separate_async": (f"{V1_STALENESS}/mean", f"{V1_STALENESS}/max"),
-    "recipe": ("async/staleness", "async/staleness"),
+    VERL_V1: (f"{V1_STALENESS}/mean", f"{V1_STALENESS}/max"),
+    RECIPE: ("async/staleness", "async/staleness"),
 }
 # V1's replay buffer drops a group queued more than ``sampler.max_off_policy_threshold`` steps before the step that
 # would train it, counted here (absent: none dropped that step).
@@ -151,9 +153,9 @@ def verl_env(trainer: str) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[1])  # the runs start in folders of their own
     path = [root]
     plugins = ["recipe.one_step_off_async.verl_plugin"]
-    if trainer == "verl one_step_off_policy":
+    if trainer == VERL_ONE_STEP_OFF:
         plugins.append(DUMPS_PATCH)
-    if trainer == "verl V1 separate_async":
+    if trainer == VERL_V1:
         path.append(str(transfer_queue_path()))
         env["VERL_LOGGING_LEVEL"] = "WARN"
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(plugins)
@@ -264,15 +266,15 @@ def main(argv: list[str]) -> None:
                 f"  staleness trained (versions between sampling and training): mean per step "
                 f"{min(means):.2f}-{max(means):.2f}, max {max(m[worst] for m in steady):g}"
             )
-        if trainer == "verl V1 separate_async":
+        if trainer == VERL_V1:
             evicted = sum(m.get(V1_EVICTED, 0) for m in steady)
             print(f"  dropped as too stale (sampler.max_off_policy_threshold, verl's default 8): {evicted:g} samples")
 
-    if "recipe" in steps_per_minute and len(steps_per_minute) > 1:
+    if RECIPE in steps_per_minute and len(steps_per_minute) > 1:
         print("\nsteps per minute, the recipe against each (this run):")
         for trainer, rate in steps_per_minute.items():
-            if trainer != "recipe":
+            if trainer != RECIPE:
                 print(
-                    f"  {trainer}: {rate:.1f} -> recipe {steps_per_minute['recipe']:.1f} = "
-                    f"{steps_per_minute['recipe'] / rate:.2f}x"
+                    f"  {trainer}: {rate:.1f} -> recipe {steps_per_minute[RECIPE]:.1f} = "
+                    f"{steps_per_minute[RECIPE] / rate:.2f}x"
                 )

@@ -15,7 +15,8 @@ and the cheapest one measures end to end.
   buckets (several per sync) and one repetition, receivers loading into their model: every line of its
   report, numbers as numbers, not their values (timings on a shared machine say nothing).
 - ``compare-verl``'s settings for verl's V1 ``separate_async`` against what verl's code and config ask for (its
-  batch and sync-step rule, the logging call that needs INFO off, the TransferQueue version).
+  batch and sync-step rule, the logging call that needs INFO off, the TransferQueue version), and the timers
+  and metric keys it reads from V1.
 """
 
 from __future__ import annotations
@@ -315,28 +316,26 @@ def test_compare_verl_gives_verls_v1_separate_async_what_its_set_up_asks_for():
     # Read, not imported: V1's modules import TransferQueue, which the recipe's environment lacks.
     v1 = Path(verl.__file__).parent / "trainer" / "ppo" / "v1"
     source = (v1 / "trainer_separate_async.py").read_text()
-    logged_with_flush = [  # logging's TypeError wherever INFO is on: why the runs set VERL_LOGGING_LEVEL=WARN
-        node.lineno
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Call)
+    assert any(  # logging's TypeError wherever INFO is on: why the runs set VERL_LOGGING_LEVEL=WARN
+        isinstance(node, ast.Call)
         and ast.unparse(node.func) == "logger.info"
         and any(keyword.arg == "flush" for keyword in node.keywords)
-    ]
-    assert logged_with_flush
+        for node in ast.walk(ast.parse(source))
+    )
     assert "assert train_batch_size == parameter_sync_step * ppo_mini_batch_size" in source
     wanted = [Requirement(r) for r in importlib.metadata.requires("verl") if r.startswith("TransferQueue")]
     (pinned,) = Requirement(compare_verl.TRANSFER_QUEUE).specifier
     assert pinned.operator == "==" and [r.specifier.contains(pinned.version) for r in wanted] == [True]
     # The timers and metrics the benchmark reads (verl's file logger prefixes timers with timing_s/).
     timers = {
-        f'marked_timer("{key.removeprefix("timing_s/")}"' for key in compare_verl.STEP_PARTS["verl V1 separate_async"]
+        f'marked_timer("{key.removeprefix("timing_s/")}"' for key in compare_verl.STEP_PARTS[compare_verl.VERL_V1]
     }
     v1_code = source + (v1 / "trainer_base.py").read_text()
     assert all(timer in v1_code for timer in timers)
-    assert all(f'"{key}"' in v1_code for key in compare_verl.STALENESS["verl V1 separate_async"])
+    assert all(f'"{key}"' in v1_code for key in compare_verl.STALENESS[compare_verl.VERL_V1])
     assert f'"{compare_verl.V1_EVICTED}"' in (v1 / "utils.py").read_text()  # verl's keys summed over a step
 
-    overrides = [o for o in compare_verl.TRAINERS["verl V1 separate_async"][2] if not o.startswith("hydra.")]
+    overrides = [o for o in compare_verl.TRAINERS[compare_verl.VERL_V1][2] if not o.startswith("hydra.")]
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)
     assert config.trainer.v1.trainer_mode == "separate_async"
