@@ -21,7 +21,9 @@ verl's trainers run on CPU), three runs each:
    trained (V1: the oldest weights in each trajectory, and what its staleness bound dropped; the recipe: every
    sample's version).
 
-Why: claims about verl's trainers are measured, not read off their code.
+Why: claims about verl's trainers are measured, not read off their code. Where generation bounds the step,
+``python -m benchmarks partial-rollout --verl-v1`` runs V1 beside the recipe's partial rollout on the
+generation-bound profile, with the environment this benchmark gives it.
 
 How: ``python -m benchmarks compare-verl [--steps 20] [--trainers ...] [--out outputs/compare_verl]`` (about
 fifteen minutes on 2 cores; an idle machine for the timing). What verl's trainers need on top of the recipe's

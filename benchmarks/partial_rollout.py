@@ -23,10 +23,27 @@ pause, plus the wait ``w'``. Its longest sample still needs ``G`` of engine time
 batch), so ``s (T' - S) + w' >= G`` with ``T' = A + w'``: the step is at least
 ``A + max(0, (G - s (A - S)) / (s + 1))``, and today's ``T`` over that is the most steps per minute the mode
 can gain, if the actor's own time stays ``A`` and a sample generates no slower beside more batches in flight
-(an upper bound: on CPU neither holds exactly). The benchmark computes it per mode from today's measured
-split and prints it beside the measured gain, the fraction reached, and its targets (partial s=2 at least
-1.3x today's steps per minute and 0.75 of its bound, partial s=4 at least 1.5x). It also prints whether the
-workload is generation-bound on this machine: in today's mode the actor waits for at least half of each step.
+(an upper bound: on CPU neither holds exactly).
+
+With one ``G`` for every batch (the mean split) that bound is loose where ``G`` varies: a batch that holds a
+sample at the cap needs more than ``s`` steps of engine time and the actor waits for it, while a short batch
+cannot bank the spare time for later (the actor's own time is a floor). So the benchmark also computes the bound
+per batch: it replays today's run step by step under the same assumptions (each step's own time and sync as
+measured, each batch's measured ``G_k`` of engine time from the sync that admits it, the engines paused during
+syncs) and reads the period it gives each staleness; the same replay of today's mode gives its measured period
+back (printed, as a check). The targets (partial s=2 at least 1.3x today's steps per minute and 0.75 of its bound
+per batch, partial s=4 at least 1.5x) are printed with both bounds and the fraction of each reached. It also
+prints whether the workload is generation-bound on this machine: in today's mode the actor waits for at least
+half of each step.
+
+``--verl-v1`` adds verl 0.9.1's V1 trainer in its ``separate_async`` mode, the peer with partial rollout, on the
+same composed profile, engine and settings (``python -m benchmarks compare-verl`` says what it needs and how the
+benchmark provides it), as a mode of its own in each round: its steps per minute from the wall clock (when each
+step's metrics reach the file), its split (wait, update, sync), the staleness it trained (``(step - 1) -
+min_global_steps`` per trajectory: the oldest weights in it) and the versions per trajectory, and the groups its
+bound dropped. It runs with ``async_training.partial_rollout=true``, which its client reads: with false it ends a
+request at the first sync that aborts it and trains what was sampled so far as the whole response. Its replay
+buffer looks for a ready batch every 2 s (``poll_interval``, not in its config): a step that finds none waits 2 s.
 
 ``--engine vllm`` runs every mode on vLLM's CPU build through verl's vLLM path (``scheduling_policy=priority``,
 which partial rollout needs there, in every mode). ``--shape qwen2.5-0.5b`` swaps in a model of
@@ -38,17 +55,22 @@ the training-bound long-tail workload).
 How (from the repository root, with the project's virtualenv active):
     python -m benchmarks partial-rollout                    # 3 rounds x 4 modes, 70 steps: ~25 min on hf
     python -m benchmarks partial-rollout --engine vllm      # the same on vLLM's CPU build: ~45 min
+    python -m benchmarks partial-rollout --verl-v1          # and verl's V1 separate_async beside them: ~32 min
     python -m benchmarks partial-rollout --rounds 1 --steps 30 -- actor_rollout_ref.rollout.n=8
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import argument_parser
+from benchmarks import argument_parser, compare_verl
+from recipe.one_step_off_async import config as config_package
 from recipe.one_step_off_async import runs
 
 PROFILE = "one_step_off_ppo_cpu_generation_bound"
@@ -72,6 +94,19 @@ ENGINES = {
 GENERATION_BOUND_WAIT_SHARE = 0.5  # today's wait / step at s=1 from which the profile counts as generation-bound
 # The benchmark's targets: (mode, least steps-per-minute gain over today's mode, least fraction of its bound)
 TARGETS = (("s2 partial", 1.3, 0.75), ("s4 partial", 1.5, None))
+# verl's V1 separate_async on the same composed profile (--verl-v1).
+VERL_V1_OVERRIDES = (
+    *compare_verl.V1_SEPARATE_ASYNC,
+    # verl's client resumes a request that a sync aborted only when this reads true (verl/workers/rollout/llm_server.py)
+    "async_training.partial_rollout=true",
+    "ray_kwargs.ray_init.num_cpus=32",  # its task runner asks for 10 of Ray's CPUs
+)
+# Where verl's main_ppo finds the recipe's profile: hydra looks for the primary config there, not in hydra.searchpath.
+# An option, so it goes after the overrides (hydra's parser takes them as one run of positional arguments).
+PROFILES_DIR = f"--config-dir={Path(config_package.__file__).parent}"
+V1_STEP_PARTS = {"wait_s": "timing_s/gen", "update_s": "timing_s/update_actor", "sync_s": "timing_s/update_weights"}
+V1_SPANS = "training/off_policy/trajectory_spans/mean"  # versions that sampled a trajectory's tokens, mean per step
+DEMO_ASSET = "${demo_asset:"
 # Qwen2.5-0.5B's architecture (its config.json), written locally; the weights are random.
 QWEN2_5_0_5B = {
     "hidden_size": 896,
@@ -112,6 +147,86 @@ def partial_gain_bound(today: StepSplit, staleness: int) -> float:
     """
     wait = max(0.0, (today.gen_s - staleness * (today.actor_s - today.sync_s)) / (staleness + 1))
     return today.period_s / (today.actor_s + wait)
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One step of today's mode, as the per-batch bound replays it: the generation time of the batch it trains
+    (``G_k``, admission to last token, alone in the engine) and of the next one (generated during this step), the
+    actor's own time besides the sync, the sync."""
+
+    gen_s: float
+    next_gen_s: float
+    own_s: float
+    sync_s: float
+
+
+def batch_steps(by_step: dict[int, dict]) -> dict[int, BatchStep]:
+    """Today's mode's steps, each but the last (its period ends where the next step starts)."""
+    steps = sorted(step for step in by_step if "timeline/step_start" in by_step[step])
+    series = {}
+    for step, following in itertools.pairwise(steps):
+        m = by_step[step]
+        sync = m["timeline/sync_end"] - m["timeline/sync_start"]
+        period = by_step[following]["timeline/step_start"] - m["timeline/step_start"]
+        own = period - m["timing_s/wait_prev_gen"] - sync
+        series[step] = BatchStep(m["timing_s/gen"], by_step[following]["timing_s/gen"], own, sync)
+    return series
+
+
+def engine_time_done(start: float, needed: float, pauses: list[tuple[float, float]]) -> float:
+    """When a batch admitted at ``start`` has had ``needed`` seconds of engine time, the engine paused in ``pauses``
+    (ordered intervals: the syncs)."""
+    now, left = start, needed
+    for pause_start, pause_end in pauses:
+        if pause_end <= now:
+            continue
+        if pause_start >= now + left:
+            break
+        left -= max(0.0, pause_start - now)
+        now = pause_end
+    return now + left
+
+
+def replay_step_ends(series: dict[int, BatchStep], staleness: int | None) -> dict[int, float]:
+    """When each step of ``series`` ends (the next can start: its sync and the trainer's own work done), replayed under the bound's assumptions: every step's own
+    time and sync as measured, every batch needing its measured engine time ``G_k`` however many batches share the
+    engine (a decode step flat in rows), the engine paused during syncs.
+
+    ``staleness=None`` replays today's mode at s=1: batch k+1 starts when step k-1 ends, and step k syncs once its
+    own work is done and batch k+1 has finished. Partial rollout at ``staleness`` s: batch k starts when step
+    k-s-1 ends, runs across syncs, and step k trains once step k-1 has ended and batch k has finished.
+    """
+    first = min(series)
+    ends = {first - 1: 0.0}
+    pauses: list[tuple[float, float]] = []
+    for step, batch in sorted(series.items()):
+        if staleness is None:
+            ends[step] = ends[step - 1] + max(batch.own_s, batch.next_gen_s) + batch.sync_s
+        else:
+            done = engine_time_done(ends.get(step - staleness - 1, 0.0), batch.gen_s, pauses)
+            ends[step] = max(ends[step - 1], done) + batch.own_s + batch.sync_s
+            pauses.append((ends[step] - batch.sync_s, ends[step]))
+    return ends
+
+
+def per_batch_bounds(by_step: dict[int, dict], warmup: int, staleness_values: list[int]) -> dict[str, float]:
+    """The bound per batch from one run of today's mode (one round's draw of batches): the period the replay gives
+    today's mode over its steady steps against the period it gives partial rollout at each staleness
+    (``bound_s<s>``; a time the replay leaves out is left out of both), and the measured period beside the
+    replayed one (``measured_step_s``, ``replayed_step_s``: the check that the replay is today's run)."""
+    series = batch_steps(by_step)
+    steady = [step for step in series if warmup < step < max(by_step)]
+    measured = statistics.fmean(
+        by_step[step + 1]["timeline/step_start"] - by_step[step]["timeline/step_start"] for step in steady
+    )
+
+    def period(ends: dict[int, float]) -> float:
+        return (ends[steady[-1]] - ends[steady[0] - 1]) / len(steady)
+
+    replayed = period(replay_step_ends(series, None))
+    bounds = {f"bound_s{s}": replayed / period(replay_step_ends(series, s)) for s in staleness_values}
+    return bounds | {"measured_step_s": measured, "replayed_step_s": replayed}
 
 
 def staleness_of(mode: tuple[str, ...]) -> int:
@@ -163,13 +278,41 @@ def heavy_tail_task() -> list[str]:
     ]
 
 
-def rollout_slots(config_name: str, overrides: list[str]) -> int:
-    """``actor_rollout_ref.rollout.max_num_seqs`` of the composed profile: occupancy's denominator."""
+def compose_profile(config_name: str, overrides: list[str]):
+    """The profile as the launch composes it, the demo's asset paths resolvable."""
     from hydra import compose, initialize_config_module
 
+    from recipe.one_step_off_async.demo.assets import register_resolver
+
+    register_resolver()
     with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
-        config = compose(config_name=config_name, overrides=overrides)
-    return int(config.actor_rollout_ref.rollout.max_num_seqs)
+        return compose(config_name=config_name, overrides=[o for o in overrides if not o.startswith("+")])
+
+
+def rollout_slots(config_name: str, overrides: list[str]) -> int:
+    """``actor_rollout_ref.rollout.max_num_seqs`` of the composed profile: occupancy's denominator."""
+    return int(compose_profile(config_name, overrides).actor_rollout_ref.rollout.max_num_seqs)
+
+
+def resolved_demo_assets(config_name: str, overrides: list[str]) -> list[str]:
+    """Each ``${demo_asset:...}`` path of the composed profile as an override with its value. verl's V1 trainer
+    resolves its config in a Ray worker, where the resolver that the profile's hydra callback registers in the
+    driver does not exist."""
+    from omegaconf import OmegaConf
+
+    config = compose_profile(config_name, overrides)
+    found: list[str] = []
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, str) and DEMO_ASSET in node:  # none sits in a list (a test checks the composed config)
+            key = prefix.removesuffix(".")
+            found.append(f"{key}={OmegaConf.select(config, key)}")
+
+    walk(OmegaConf.to_container(config, resolve=False), "")
+    return found
 
 
 def run_mode(directory: Path, config_name: str, steps: int, mode: tuple[str, ...], extra: list[str]) -> dict[int, dict]:
@@ -181,6 +324,42 @@ def run_mode(directory: Path, config_name: str, steps: int, mode: tuple[str, ...
         *extra,
     ]
     return runs.run(directory, *overrides, profile=config_name).check(" ".join(mode)).metrics
+
+
+def run_verl_v1(
+    directory: Path, config_name: str, steps: int, extra: list[str]
+) -> tuple[dict[int, dict], dict[int, float]]:
+    """verl's V1 separate_async on the composed profile: its metrics by step, and when each step's reached the file
+    (``time.monotonic``; its loop logs a step once it is done, so the gaps are its wall-clock steps)."""
+    overrides = [
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        *resolved_demo_assets(config_name, extra),
+        *VERL_V1_OVERRIDES,
+        *extra,
+        PROFILES_DIR,
+    ]
+    launch = runs.start(
+        directory,
+        *overrides,
+        profile=config_name,
+        env=compare_verl.verl_env(compare_verl.VERL_V1),
+        module="verl.trainer.main_ppo",
+    )
+    logged_at: dict[int, float] = {}
+    metrics_file = directory / runs.METRICS
+    lines_read = 0
+
+    def stamp() -> None:
+        nonlocal lines_read
+        lines = metrics_file.read_bytes().split(b"\n")[:-1] if metrics_file.exists() else []  # whole lines only
+        for line in lines[lines_read:]:
+            logged_at.setdefault(json.loads(line)["step"], time.monotonic())  # a step may log more than one line
+        lines_read = len(lines)
+
+    run = launch.wait(while_running=stamp).check(compare_verl.VERL_V1)
+    return run.metrics, logged_at
 
 
 def summarize(by_step: dict[int, dict], warmup: int, slots: int) -> dict[str, float]:
@@ -217,7 +396,61 @@ def summarize(by_step: dict[int, dict], warmup: int, slots: int) -> dict[str, fl
     return summary
 
 
-def report(medians: dict[str, dict[str, float]], engine: str) -> None:
+def summarize_verl_v1(by_step: dict[int, dict], logged_at: dict[int, float], warmup: int) -> dict[str, float]:
+    """V1's steady steps (as ``summarize``): steps per minute from the wall clock, its split, the staleness trained."""
+    steady = [step for step in sorted(by_step) if warmup < step < max(by_step)]
+    unseen = [step for step in (steady[0] - 1, steady[-1]) if step not in logged_at]
+    if unseen:
+        raise RuntimeError(
+            f"the benchmark saw no metrics line of verl V1's steps {unseen} while the run was going, so it cannot time "
+            "its steady steps; run more steps than --warmup + 2"
+        )
+    wall = logged_at[steady[-1]] - logged_at[steady[0] - 1]  # from the end of the step before the first steady one
+    mean = lambda key: statistics.fmean(by_step[step].get(key, 0.0) for step in steady)  # noqa: E731
+    return {
+        "steps_per_min": 60 * len(steady) / wall,
+        "step_s": wall / len(steady),
+        **{name: mean(key) for name, key in V1_STEP_PARTS.items()},
+        "staleness_mean": mean(f"{compare_verl.V1_STALENESS}/mean"),
+        "staleness_max": max(by_step[step][f"{compare_verl.V1_STALENESS}/max"] for step in steady),
+        "versions_per_sample": mean(V1_SPANS),
+        "dropped": sum(by_step[step].get(compare_verl.V1_EVICTED, 0.0) for step in steady),
+    }
+
+
+def report_verl_v1(v1_runs: list[dict[str, float]], results: dict[str, list[dict[str, float]]], engine: str) -> None:
+    """V1's medians over rounds, and each mode's steps per minute over V1's: the median of the rounds' ratios."""
+    v1 = {key: statistics.median(run[key] for run in v1_runs) for key in v1_runs[0]}
+    print(
+        f"\n{compare_verl.VERL_V1} ({engine}, the same profile): {v1['steps_per_min']:.1f} steps/min, step "
+        f"{v1['step_s']:.2f} s (wait {v1['wait_s']:.2f} s, update {v1['update_s']:.2f} s, sync {v1['sync_s']:.3f} s); "
+        f"staleness trained (oldest weights per trajectory) mean {v1['staleness_mean']:.2f}, max "
+        f"{v1['staleness_max']:g}; {v1['versions_per_sample']:.2f} versions per trajectory; {v1['dropped']:g} "
+        "samples dropped as too stale (its replay buffer looks for a ready batch every 2 s: a step that finds none "
+        "waits 2 s or more)"
+    )
+    ratios = {
+        name: [run["steps_per_min"] / v1_run["steps_per_min"] for run, v1_run in zip(runs_, v1_runs, strict=True)]
+        for name, runs_ in results.items()
+    }
+    print(
+        "  each mode's steps per minute over V1's: "
+        + ", ".join(
+            f"{name} x{statistics.median(r):.2f} (rounds: {', '.join(f'x{x:.2f}' for x in r)})"
+            for name, r in ratios.items()
+        )
+    )
+
+
+def report(
+    medians: dict[str, dict[str, float]],
+    engine: str,
+    batch_bounds: dict[str, float],
+    round_gains: dict[str, list[float]],
+) -> None:
+    """The tables, the bounds and the targets. A mode's gain is the median over rounds of its steps per minute over
+    today's mode's in the same round (``round_gains``: the rounds interleave the modes, so a pair shares the
+    machine's state)."""
     base = medians[BASELINE]
     today = StepSplit(period_s=base["step_s"], wait_s=base["wait_s"], sync_s=base["sync_s"], gen_s=base["gen_s"])
     wait_share = today.wait_s / today.period_s
@@ -243,26 +476,36 @@ def report(medians: dict[str, dict[str, float]], engine: str) -> None:
             f"{m['rows_per_engine_step']:9.1f} | {hf_only} | {m['staleness_mean']:9.2f} | {m['partial_ratio']:8.3f} | "
             f"{m['recomputed_prefill']:10.0f}"
         )
-    print(f"\nGains over {BASELINE} (today's mode), and the bound today's split allows:")
+    print(
+        f"\nThe bounds from today's mode: per batch (each step's measured G, own time and sync replayed; the replay "
+        f"gives today's mode a {batch_bounds['replayed_step_s']:.2f} s step against {batch_bounds['measured_step_s']:.2f}"
+        " s measured), and from the mean split (one G for every batch: looser where G varies)."
+    )
+    print(f"Gains over {BASELINE} (today's mode), the median over rounds of each round's ratio:")
     gains = {}
     for name, m in medians.items():
         if name == BASELINE:
             continue
-        gains[name] = gain = m["steps_per_min"] / base["steps_per_min"]
-        bound = partial_gain_bound(today, staleness_of(MODES[name]))
+        gains[name] = gain = statistics.median(round_gains[name])
+        staleness = staleness_of(MODES[name])
+        per_batch, mean_split = batch_bounds[f"bound_s{staleness}"], partial_gain_bound(today, staleness)
         print(
-            f"{name:>10}: steps/min x{gain:.2f} (bound x{bound:.2f}, {gain / bound:.2f} of it), "
-            f"occupancy x{m['occupancy'] / base['occupancy']:.2f}"
+            f"{name:>10}: steps/min x{gain:.2f} (rounds: {', '.join(f'x{g:.2f}' for g in round_gains[name])}; bound "
+            f"per batch x{per_batch:.2f}, {gain / per_batch:.2f} of it; from the mean split x{mean_split:.2f}, "
+            f"{gain / mean_split:.2f} of it), occupancy x{m['occupancy'] / base['occupancy']:.2f}"
         )
     print("\nTargets:")
     for name, least_gain, least_fraction in TARGETS:
-        bound = partial_gain_bound(today, staleness_of(MODES[name]))
         checks = [f"x{gains[name]:.2f} >= x{least_gain}: {'met' if gains[name] >= least_gain else 'NOT met'}"]
         if least_fraction is not None:
-            fraction = gains[name] / bound
-            checks.append(
-                f"{fraction:.2f} of the bound >= {least_fraction}: {'met' if fraction >= least_fraction else 'NOT met'}"
-            )
+            staleness = staleness_of(MODES[name])
+            for label, bound in (
+                ("per batch", batch_bounds[f"bound_s{staleness}"]),
+                ("from the mean split", partial_gain_bound(today, staleness)),
+            ):
+                fraction = gains[name] / bound
+                met = "met" if fraction >= least_fraction else "NOT met"
+                checks.append(f"{fraction:.2f} of the bound {label} >= {least_fraction}: {met}")
         print(f"{name:>10}: " + "; ".join(checks))
 
 
@@ -274,25 +517,42 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--engine", choices=sorted(ENGINES), default="hf")
     parser.add_argument("--config-name", default=PROFILE)
     parser.add_argument("--shape", choices=["demo", "qwen2.5-0.5b"], default="demo")
+    parser.add_argument("--verl-v1", action="store_true", help="also run verl's V1 separate_async (CPU profiles)")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for every run (after --)")
     args = parser.parse_args(argv)
 
+    if args.verl_v1 and not args.config_name.startswith(CPU_PROFILE_PREFIX):
+        parser.error("--verl-v1 runs verl's V1 trainer on a CPU profile only (the environment compare-verl gives it)")
     root = args.out or Path(tempfile.mkdtemp(prefix="bench_partial_rollout-"))
     extra = [*ENGINES[args.engine], *args.overrides]
     if args.shape != "demo":
         extra.append(f"actor_rollout_ref.model.path={write_shape_model(root)}")
     if not args.config_name.startswith(CPU_PROFILE_PREFIX):  # a GPU profile (vLLM): point it at this profile's task
         extra = [*heavy_tail_task(), *ENGINES["vllm"], *extra]
-    slots = rollout_slots(args.config_name, [override for override in extra if not override.startswith("+")])
+    slots = rollout_slots(args.config_name, extra)
 
     results: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}
+    v1_runs: list[dict[str, float]] = []
+    bounds: list[dict[str, float]] = []  # per round, from today's mode
+    partial_staleness = sorted({staleness_of(mode) for name, mode in MODES.items() if name != BASELINE})
     for round_index in range(args.rounds):
         for name, mode in MODES.items():
             directory = root / f"round{round_index}" / name.replace(" ", "_")
-            summary = summarize(run_mode(directory, args.config_name, args.steps, mode, extra), args.warmup, slots)
-            results[name].append(summary)
+            by_step = run_mode(directory, args.config_name, args.steps, mode, extra)
+            results[name].append(summary := summarize(by_step, args.warmup, slots))
+            if name == BASELINE:
+                bounds.append(per_batch_bounds(by_step, args.warmup, partial_staleness))
             print(f"round {round_index + 1} {name:>10}: " + ", ".join(f"{k} {v:.3g}" for k, v in summary.items()))
+        if args.verl_v1:
+            by_step, logged_at = run_verl_v1(
+                root / f"round{round_index}" / "verl_v1", args.config_name, args.steps, extra
+            )
+            v1_runs.append(summary := summarize_verl_v1(by_step, logged_at, args.warmup))
+            print(
+                f"round {round_index + 1} {compare_verl.VERL_V1}: "
+                + ", ".join(f"{k} {v:.3g}" for k, v in summary.items())
+            )
 
     medians = {
         name: {key: statistics.median(r[key] for r in runs_) for key in runs_[0]} for name, runs_ in results.items()
@@ -300,4 +560,12 @@ def main(argv: list[str]) -> None:
     print(
         f"\nMedians over {args.rounds} round(s), steps {args.warmup + 1}..{args.steps - 1} of {args.steps} (runs in {root}):"
     )
-    report(medians, args.engine)
+    round_gains = {
+        name: [
+            run["steps_per_min"] / today["steps_per_min"] for run, today in zip(runs_, results[BASELINE], strict=True)
+        ]
+        for name, runs_ in results.items()
+    }
+    report(medians, args.engine, {key: statistics.median(b[key] for b in bounds) for key in bounds[0]}, round_gains)
+    if v1_runs:
+        report_verl_v1(v1_runs, results, args.engine)

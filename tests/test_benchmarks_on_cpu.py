@@ -16,7 +16,8 @@ and the cheapest one measures end to end.
   report, numbers as numbers, not their values (timings on a shared machine say nothing).
 - ``compare-verl``'s settings for verl's V1 ``separate_async`` against what verl's code and config ask for (its
   batch and sync-step rule, the logging call that needs INFO off, the TransferQueue version), and the timers
-  and metric keys it reads from V1.
+  and metric keys it reads from V1; ``partial-rollout --verl-v1``'s launch of V1 on the generation-bound profile
+  (with the launch stubbed) and its summary.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import pytest
 from e2e import main_until_ray
 
 import benchmarks
-from benchmarks import BENCHMARKS, HELPERS, command_name, gloo_engine, learning, partial_rollout
+from benchmarks import BENCHMARKS, HELPERS, command_name, compare_verl, gloo_engine, learning, partial_rollout
 from benchmarks.__main__ import main as benchmarks_main
 from recipe.one_step_off_async import runs
 
@@ -222,6 +223,70 @@ def test_the_partial_rollout_bound_follows_from_todays_split():
     assert partial_rollout.partial_gain_bound(training_bound, 2) == pytest.approx(1.0)
 
 
+def test_a_batch_gets_its_engine_time_around_the_syncs():
+    syncs = [(1.0, 1.5), (3.0, 3.2)]
+    assert partial_rollout.engine_time_done(0.0, 0.8, syncs) == pytest.approx(0.8)  # done before the first sync
+    assert partial_rollout.engine_time_done(0.0, 2.0, syncs) == pytest.approx(2.5)  # 1.0 before it, 1.0 after
+    assert partial_rollout.engine_time_done(0.5, 2.5, syncs) == pytest.approx(3.7)  # 0.5 + 1.5 + 0.5
+    assert partial_rollout.engine_time_done(1.2, 0.1, syncs) == pytest.approx(1.6)  # admitted during a sync
+
+
+def timed_steps(batches: list[tuple[float, float, float]]) -> dict[int, dict]:
+    """Metrics of a today's-mode run whose step k trains a batch of generation time G, the actor's own time and
+    sync as given (G, own, sync), each step T = max(own, next batch's G) + sync, as the replay assumes."""
+    by_step, start = {}, 0.0
+    for step, (gen, own, sync) in enumerate(batches, start=1):
+        following = batches[step][0] if step < len(batches) else 0.0
+        period = max(own, following) + sync
+        by_step[step] = {
+            "timeline/step_start": start,
+            "timeline/sync_start": start + period - sync,
+            "timeline/sync_end": start + period,
+            "timing_s/wait_prev_gen": period - own - sync,
+            "timing_s/gen": gen,
+        }
+        start += period
+    return by_step
+
+
+def test_the_bound_per_batch_is_the_mean_split_bound_when_every_batch_generates_alike():
+    by_step = timed_steps([(1.12, 0.5, 0.05)] * 40)
+    bounds = partial_rollout.per_batch_bounds(by_step, warmup=9, staleness_values=[1, 2, 4])
+    today = partial_rollout.StepSplit(period_s=1.17, wait_s=0.62, sync_s=0.05, gen_s=1.12)
+
+    assert bounds["measured_step_s"] == pytest.approx(1.17) and bounds["replayed_step_s"] == pytest.approx(1.17)
+    for staleness in (1, 2, 4):
+        assert bounds[f"bound_s{staleness}"] == pytest.approx(partial_rollout.partial_gain_bound(today, staleness))
+
+
+def test_the_bound_per_batch_leaves_out_what_the_tail_batches_cannot_give():
+    # Batches alternate G = 2.0 s and 0.2 s (mean 1.1 s); the actor's own time is 0.5 s and the sync 0.05 s. Today:
+    # steps of 2.05 s and 0.55 s, 1.3 s on average. Partial rollout at s=2: a long batch admitted after steps
+    # without waits gets 2 x 0.55 - 2 x 0.05 = 1.0 s of engine time before its step, so the actor waits 1.0 s; the
+    # next long batch's window holds that wait and needs none. So one wait of 1.0 s every 4 steps: T' = 0.8 s and
+    # the bound is 1.3 / 0.8, where the mean split gives 0.55 + (1.1 - 2 x 0.5) / 3 = 0.583 s (2.23x).
+    by_step = timed_steps([(2.0, 0.5, 0.05), (0.2, 0.5, 0.05)] * 21)
+    bounds = partial_rollout.per_batch_bounds(by_step, warmup=9, staleness_values=[2])  # steps 10-41: 8 x 4
+    today = partial_rollout.StepSplit(period_s=1.3, wait_s=0.75, sync_s=0.05, gen_s=1.1)
+
+    assert bounds["measured_step_s"] == pytest.approx(1.3) and bounds["replayed_step_s"] == pytest.approx(1.3)
+    assert bounds["bound_s2"] == pytest.approx(1.3 / 0.8)
+    assert partial_rollout.partial_gain_bound(today, 2) == pytest.approx(1.3 / (0.55 + 0.1 / 3))
+
+
+def test_the_replay_check_shows_a_run_the_replay_does_not_describe():
+    by_step = timed_steps([(1.12, 0.5, 0.05)] * 40)
+    for step, metrics in by_step.items():  # every step waits 0.1 s more than its next batch needs
+        metrics["timeline/step_start"] += 0.1 * (step - 1)
+        metrics["timing_s/wait_prev_gen"] += 0.1
+        metrics["timeline/sync_start"] += 0.1 * step
+        metrics["timeline/sync_end"] += 0.1 * step
+
+    bounds = partial_rollout.per_batch_bounds(by_step, warmup=9, staleness_values=[2])
+
+    assert bounds["measured_step_s"] == pytest.approx(1.27) and bounds["replayed_step_s"] == pytest.approx(1.17)
+
+
 def test_the_partial_rollout_summary_reads_the_steady_steps():
     def step(start: float, **values: float) -> dict:
         return {
@@ -251,7 +316,7 @@ def test_the_partial_rollout_summary_reads_the_steady_steps():
     assert "busy_tokens_per_s" not in partial_rollout.summarize({k: step(float(k)) for k in range(1, 6)}, 1, 32)
 
 
-def test_the_partial_rollout_report_prints_the_bound_and_the_targets(capsys):
+def test_the_partial_rollout_report_prints_the_bounds_and_the_targets(capsys):
     today = {
         "steps_per_min": 50.0, "step_s": 1.2, "wait_s": 0.65, "train_s": 0.45, "sync_s": 0.05, "abort_s": 0.004,
         "gen_s": 1.12, "occupancy": 0.09, "rows_per_engine_step": 2.9, "staleness_mean": 1.0, "partial_ratio": 0.0,
@@ -259,14 +324,24 @@ def test_the_partial_rollout_report_prints_the_bound_and_the_targets(capsys):
     }  # fmt: skip
     gains = {"s1 partial": 1.1, "s2 partial": 1.6, "s4 partial": 1.4}
     medians = {"s1": today} | {mode: today | {"steps_per_min": 50.0 * gain} for mode, gain in gains.items()}
+    batch_bounds = {"bound_s1": 1.2, "bound_s2": 2.0, "bound_s4": 2.4, "measured_step_s": 1.2, "replayed_step_s": 1.19}
+    # Three rounds each: the gain is the median of the rounds' ratios, not the ratio of the medians.
+    round_gains = {"s1": [1.0] * 3, "s1 partial": [1.1] * 3, "s2 partial": [1.2, 1.6, 1.7], "s4 partial": [1.4] * 3}
 
-    partial_rollout.report(medians, "vllm")
+    partial_rollout.report(medians | {"s2 partial": today | {"steps_per_min": 70.0}}, "vllm", batch_bounds, round_gains)
 
     shown = capsys.readouterr().out
     assert "step 1.20 s = actor 0.55 s + wait 0.65 s (54% of the step: generation-bound)" in shown
-    bound = 1.2 / 0.59  # s=2, as in the test of the bound
-    assert f"s2 partial: steps/min x1.60 (bound x{bound:.2f}, {1.6 / bound:.2f} of it)" in shown
-    assert f"s2 partial: x1.60 >= x1.3: met; {1.6 / bound:.2f} of the bound >= 0.75: met" in shown
+    assert "a 1.19 s step against 1.20 s measured" in shown
+    mean_split = 1.2 / 0.59  # s=2, as in the test of the bound
+    assert (
+        "s2 partial: steps/min x1.60 (rounds: x1.20, x1.60, x1.70; bound per batch x2.00, 0.80 of it; from the mean "
+        f"split x{mean_split:.2f}, {1.6 / mean_split:.2f} of it)" in shown
+    )
+    assert (
+        f"s2 partial: x1.60 >= x1.3: met; 0.80 of the bound per batch >= 0.75: met; {1.6 / mean_split:.2f} of the "
+        "bound from the mean split >= 0.75: met" in shown
+    )
     assert "s4 partial: x1.40 >= x1.5: NOT met" in shown
 
 
@@ -311,8 +386,6 @@ def test_compare_verl_gives_verls_v1_separate_async_what_its_set_up_asks_for():
     from hydra import compose, initialize_config_module
     from packaging.requirements import Requirement
 
-    from benchmarks import compare_verl
-
     # Read, not imported: V1's modules import TransferQueue, which the recipe's environment lacks.
     v1 = Path(verl.__file__).parent / "trainer" / "ppo" / "v1"
     source = (v1 / "trainer_separate_async.py").read_text()
@@ -343,3 +416,104 @@ def test_compare_verl_gives_verls_v1_separate_async_what_its_set_up_asks_for():
     assert config.data.train_batch_size == sync_step * config.actor_rollout_ref.actor.ppo_mini_batch_size
     assert config.actor_rollout_ref.hybrid_engine is False  # rollout on its own pool only
     assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"
+
+
+def test_partial_rollout_summarizes_verl_v1_from_the_wall_clock():
+    v1 = compare_verl.V1_STALENESS
+    by_step = {
+        step: {
+            "timing_s/gen": 0.5, "timing_s/update_actor": 0.3, "timing_s/update_weights": 0.05,
+            f"{v1}/mean": 1.0, f"{v1}/max": step % 3, partial_rollout.V1_SPANS: 1.25,
+            **({compare_verl.V1_EVICTED: 4.0} if step == 3 else {}),
+        }
+        for step in range(1, 7)
+    }  # fmt: skip
+    logged_at = {1: 10.0, 2: 11.0, 3: 13.0, 4: 13.5, 5: 15.0, 6: 16.0}
+
+    summary = partial_rollout.summarize_verl_v1(by_step, logged_at, warmup=2)  # steps 3-5: 6 has nothing to generate
+
+    assert summary["step_s"] == pytest.approx((15.0 - 11.0) / 3)  # from the end of step 2 to the end of step 5
+    assert summary["steps_per_min"] == pytest.approx(60 * 3 / 4.0)
+    assert (summary["wait_s"], summary["update_s"], summary["sync_s"]) == pytest.approx((0.5, 0.3, 0.05))
+    assert summary["staleness_max"] == 2 and summary["versions_per_sample"] == pytest.approx(1.25)
+    assert summary["dropped"] == 4.0
+
+
+def test_partial_rollout_launches_verl_v1_on_the_same_profile_as_its_code_asks(demo_assets, tmp_path, monkeypatch):
+    """``--verl-v1``: verl's V1 trainer composes the generation-bound profile with its ``separate_async`` settings,
+    every demo asset path resolved for its Ray worker, its client told to resume what a sync aborts, the profile's
+    folder named last; the wall clock read from when each step's line reaches the metrics file. verl's code is
+    read for what the benchmark and the docs say of it."""
+    import verl
+    from omegaconf import OmegaConf
+
+    verl_root = Path(verl.__file__).parent
+    client = (verl_root / "workers" / "rollout" / "llm_server.py").read_text()
+    assert "not self.config.async_training.partial_rollout:\n                should_retry = False" in client
+    v1 = verl_root / "trainer" / "ppo" / "v1"
+    assert f'"{partial_rollout.V1_SPANS}"' in (v1 / "trainer_base.py").read_text()
+    assert "poll_interval: float = 2.0," in (v1 / "replay_buffer.py").read_text()  # the docs: it polls every 2 s
+
+    extra = list(partial_rollout.ENGINES["vllm"])
+    assets = partial_rollout.resolved_demo_assets(partial_rollout.PROFILE, extra)
+    keys = {item.split("=", 1)[0] for item in assets}
+    assert {
+        "actor_rollout_ref.model.path",
+        "data.train_files",
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+    } <= keys
+    assert all(Path(item.split("=", 1)[1]).exists() for item in assets)
+    config = partial_rollout.compose_profile(
+        partial_rollout.PROFILE, [*assets, *partial_rollout.VERL_V1_OVERRIDES, *extra]
+    )
+    assert partial_rollout.DEMO_ASSET not in OmegaConf.to_yaml(config)  # nothing left for a Ray worker to resolve
+    assert config.trainer.v1.trainer_mode == "separate_async" and config.async_training.partial_rollout
+    sync_step = config.trainer.v1.separate_async.parameter_sync_step
+    assert config.data.train_batch_size == sync_step * config.actor_rollout_ref.actor.ppo_mini_batch_size
+
+    launched = {}
+
+    class Launch:
+        def wait(self, timeout_s=None, while_running=None):
+            with (tmp_path / "run" / runs.METRICS).open("w") as metrics:
+                for step in (1, 2, 3):
+                    line = json.dumps({"step": step, "data": {"timing_s/step": 1.0}}) + "\n"
+                    metrics.write(line[:9])  # half a line, as the reader may find it while the logger writes
+                    metrics.flush()
+                    while_running()
+                    metrics.write(line[9:])
+                    metrics.flush()
+                    while_running()
+            return runs.Run(0, 1.0, tmp_path / "run", "")
+
+    def start(directory, *overrides, profile, env, module):
+        directory.mkdir(parents=True)
+        launched.update(overrides=overrides, profile=profile, env=env, module=module)
+        return Launch()
+
+    monkeypatch.setattr(runs, "start", start)
+    monkeypatch.setattr(compare_verl, "transfer_queue_path", lambda: tmp_path / "transfer_queue")
+    by_step, logged_at = partial_rollout.run_verl_v1(tmp_path / "run", partial_rollout.PROFILE, 60, extra)
+
+    assert launched["module"] == "verl.trainer.main_ppo" and launched["profile"] == partial_rollout.PROFILE
+    assert launched["overrides"][-1] == partial_rollout.PROFILES_DIR  # after every override, for hydra's parser
+    assert "trainer.total_training_steps=60" in launched["overrides"] and set(assets) <= set(launched["overrides"])
+    assert launched["env"]["VERL_LOGGING_LEVEL"] == "WARN"
+    assert str(tmp_path / "transfer_queue") in launched["env"]["PYTHONPATH"]
+    assert sorted(by_step) == sorted(logged_at) == [1, 2, 3]
+    assert logged_at[1] <= logged_at[2] <= logged_at[3]
+
+
+def test_partial_rollout_reports_each_mode_against_verl_v1_round_by_round(capsys):
+    v1 = {
+        "steps_per_min": 30.0, "step_s": 2.0, "wait_s": 1.2, "update_s": 0.4, "sync_s": 0.1, "staleness_mean": 1.0,
+        "staleness_max": 2, "versions_per_sample": 1.2, "dropped": 0.0,
+    }  # fmt: skip
+    v1_runs = [v1, v1 | {"steps_per_min": 40.0}, v1 | {"steps_per_min": 20.0}]
+    results = {"s1": [{"steps_per_min": 45.0}] * 3, "s2 partial": [{"steps_per_min": 60.0}] * 3}
+
+    partial_rollout.report_verl_v1(v1_runs, results, "vllm")
+
+    shown = capsys.readouterr().out
+    assert f"{compare_verl.VERL_V1} (vllm, the same profile): 30.0 steps/min, step 2.00 s" in shown
+    assert "s2 partial x2.00 (rounds: x2.00, x1.50, x3.00)" in shown  # each round against V1's run of that round
