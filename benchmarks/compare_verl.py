@@ -270,7 +270,7 @@ def main(argv: list[str]) -> None:
             )
         if trainer == VERL_V1:
             evicted = sum(m.get(V1_EVICTED, 0) for m in steady)
-            print(f"  dropped as too stale (sampler.max_off_policy_threshold, verl's default 8): {evicted:g} samples")
+            print(f"  dropped as too stale (sampler.max_off_policy_threshold, verl's default 8): {evicted:g} groups")
 
     if RECIPE in steps_per_minute and len(steps_per_minute) > 1:
         print("\nsteps per minute, the recipe against each (this run):")

@@ -339,8 +339,8 @@ def test_the_partial_rollout_report_prints_the_bounds_and_the_targets(capsys):
         f"split x{mean_split:.2f}, {1.6 / mean_split:.2f} of it)" in shown
     )
     assert (
-        f"s2 partial: x1.60 >= x1.3: met; 0.80 of the bound per batch >= 0.75: met; {1.6 / mean_split:.2f} of the "
-        "bound from the mean split >= 0.75: met" in shown
+        f"s2 partial: x1.60 >= x1.3: met; 0.80 of the bound per batch >= 0.75: met ({1.6 / mean_split:.2f} of the "
+        "bound from the mean split)" in shown
     )
     assert "s4 partial: x1.40 >= x1.5: NOT met" in shown
 
@@ -425,6 +425,7 @@ def test_partial_rollout_summarizes_verl_v1_from_the_wall_clock():
             "timing_s/gen": 0.5, "timing_s/update_actor": 0.3, "timing_s/update_weights": 0.05,
             f"{v1}/mean": 1.0, f"{v1}/max": step % 3, partial_rollout.V1_SPANS: 1.25,
             **({compare_verl.V1_EVICTED: 4.0} if step == 3 else {}),
+            **({"timing_s/gen": 2.0} if step == 4 else {}),  # a step that waited one poll of V1's replay buffer
         }
         for step in range(1, 7)
     }  # fmt: skip
@@ -434,9 +435,10 @@ def test_partial_rollout_summarizes_verl_v1_from_the_wall_clock():
 
     assert summary["step_s"] == pytest.approx((15.0 - 11.0) / 3)  # from the end of step 2 to the end of step 5
     assert summary["steps_per_min"] == pytest.approx(60 * 3 / 4.0)
-    assert (summary["wait_s"], summary["update_s"], summary["sync_s"]) == pytest.approx((0.5, 0.3, 0.05))
-    assert summary["staleness_max"] == 2 and summary["versions_per_sample"] == pytest.approx(1.25)
-    assert summary["dropped"] == 4.0
+    assert (summary["wait_s"], summary["update_s"], summary["sync_s"]) == pytest.approx((1.0, 0.3, 0.05))
+    assert summary["staleness_max"] == 2 and summary["versions_per_trajectory"] == pytest.approx(1.25)
+    assert summary["groups_dropped"] == 4.0
+    assert summary["polled_share"] == pytest.approx(1 / 3)  # step 4 waited a poll interval
 
 
 def test_partial_rollout_launches_verl_v1_on_the_same_profile_as_its_code_asks(demo_assets, tmp_path, monkeypatch):
@@ -452,7 +454,8 @@ def test_partial_rollout_launches_verl_v1_on_the_same_profile_as_its_code_asks(d
     assert "not self.config.async_training.partial_rollout:\n                should_retry = False" in client
     v1 = verl_root / "trainer" / "ppo" / "v1"
     assert f'"{partial_rollout.V1_SPANS}"' in (v1 / "trainer_base.py").read_text()
-    assert "poll_interval: float = 2.0," in (v1 / "replay_buffer.py").read_text()  # the docs: it polls every 2 s
+    assert f"poll_interval: float = {partial_rollout.V1_POLL_S}," in (v1 / "replay_buffer.py").read_text()
+    assert "await asyncio.sleep(1)" in client  # the docs: it waits 1 s before it resubmits an aborted request
 
     extra = list(partial_rollout.ENGINES["vllm"])
     assets = partial_rollout.resolved_demo_assets(partial_rollout.PROFILE, extra)
@@ -496,7 +499,7 @@ def test_partial_rollout_launches_verl_v1_on_the_same_profile_as_its_code_asks(d
     by_step, logged_at = partial_rollout.run_verl_v1(tmp_path / "run", partial_rollout.PROFILE, 60, extra)
 
     assert launched["module"] == "verl.trainer.main_ppo" and launched["profile"] == partial_rollout.PROFILE
-    assert launched["overrides"][-1] == partial_rollout.PROFILES_DIR  # after every override, for hydra's parser
+    assert launched["overrides"][-1] == partial_rollout.PROFILES_DIR_OPTION  # after every override, for hydra's parser
     assert "trainer.total_training_steps=60" in launched["overrides"] and set(assets) <= set(launched["overrides"])
     assert launched["env"]["VERL_LOGGING_LEVEL"] == "WARN"
     assert str(tmp_path / "transfer_queue") in launched["env"]["PYTHONPATH"]
@@ -507,7 +510,7 @@ def test_partial_rollout_launches_verl_v1_on_the_same_profile_as_its_code_asks(d
 def test_partial_rollout_reports_each_mode_against_verl_v1_round_by_round(capsys):
     v1 = {
         "steps_per_min": 30.0, "step_s": 2.0, "wait_s": 1.2, "update_s": 0.4, "sync_s": 0.1, "staleness_mean": 1.0,
-        "staleness_max": 2, "versions_per_sample": 1.2, "dropped": 0.0,
+        "staleness_max": 2, "versions_per_trajectory": 1.2, "groups_dropped": 0.0, "polled_share": 0.5,
     }  # fmt: skip
     v1_runs = [v1, v1 | {"steps_per_min": 40.0}, v1 | {"steps_per_min": 20.0}]
     results = {"s1": [{"steps_per_min": 45.0}] * 3, "s2 partial": [{"steps_per_min": 60.0}] * 3}
@@ -517,3 +520,4 @@ def test_partial_rollout_reports_each_mode_against_verl_v1_round_by_round(capsys
     shown = capsys.readouterr().out
     assert f"{compare_verl.VERL_V1} (vllm, the same profile): 30.0 steps/min, step 2.00 s" in shown
     assert "s2 partial x2.00 (rounds: x2.00, x1.50, x3.00)" in shown  # each round against V1's run of that round
+    assert "50% of its steps waited 2 s or more for their batch" in shown
