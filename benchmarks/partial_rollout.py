@@ -69,10 +69,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks import argument_parser, compare_verl
 from recipe.one_step_off_async import config as config_package
 from recipe.one_step_off_async import runs
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 PROFILE = "one_step_off_ppo_cpu_generation_bound"
 CPU_PROFILE_PREFIX = "one_step_off_ppo_cpu"  # the CPU profiles bring their own task (the long-tail one, for one)
@@ -281,7 +285,7 @@ def heavy_tail_task() -> list[str]:
     ]
 
 
-def compose_profile(config_name: str, overrides: list[str]):
+def compose_profile(config_name: str, overrides: list[str]) -> DictConfig:
     """The profile as the launch composes it, the demo's asset paths resolvable."""
     from hydra import compose, initialize_config_module
 
@@ -332,8 +336,8 @@ def run_mode(directory: Path, config_name: str, steps: int, mode: tuple[str, ...
 def run_verl_v1(
     directory: Path, config_name: str, steps: int, extra: list[str]
 ) -> tuple[dict[int, dict], dict[int, float]]:
-    """verl's V1 separate_async on the composed profile: its metrics by step, and when each step's reached the file
-    (``time.monotonic``; its loop logs a step once it is done, so the gaps are its wall-clock steps)."""
+    """verl's V1 separate_async on the composed profile: its metrics by step, and when each step's first line reached
+    the metrics file (``time.monotonic``; its loop logs a step once it is done, so the gaps are its wall-clock steps)."""
     overrides = [
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
