@@ -109,7 +109,9 @@ VERL_V1_OVERRIDES = (
 # Where verl's main_ppo finds the recipe's profile: hydra looks for the primary config there, not in hydra.searchpath.
 # An option, so it goes after the overrides (hydra's parser takes them as one run of positional arguments).
 PROFILES_DIR_OPTION = f"--config-dir={Path(config_package.__file__).parent}"
-V1_STEP_PARTS = {"wait_s": "timing_s/gen", "update_s": "timing_s/update_actor", "sync_s": "timing_s/update_weights"}
+V1_WAIT, V1_SYNC = compare_verl.STEP_PARTS[compare_verl.VERL_V1]
+V1_STEP_PARTS = {"wait_s": V1_WAIT, "update_s": "timing_s/update_actor", "sync_s": V1_SYNC}
+V1_STALENESS_MEAN, V1_STALENESS_MAX = compare_verl.STALENESS[compare_verl.VERL_V1]
 V1_SPANS = "training/off_policy/trajectory_spans/mean"  # versions that sampled a trajectory's tokens, mean per step
 V1_POLL_S = 2.0  # how often V1's replay buffer looks for a ready batch (ReplayBuffer.poll_interval's default)
 DEMO_ASSET = "${demo_asset:"
@@ -153,6 +155,11 @@ def partial_gain_bound(today: StepSplit, staleness: int) -> float:
     """
     wait = max(0.0, (today.gen_s - staleness * (today.actor_s - today.sync_s)) / (staleness + 1))
     return today.period_s / (today.actor_s + wait)
+
+
+def steady_steps(by_step: dict[int, dict], warmup: int) -> list[int]:
+    """Steps ``warmup``+1 .. N-1 of a run of N: the first fill the pipeline, the last has nothing left to generate."""
+    return [step for step in sorted(by_step) if warmup < step < max(by_step)]
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,7 @@ def per_batch_bounds(by_step: dict[int, dict], warmup: int, staleness_values: li
     (``bound_s<s>``; a time the replay leaves out is left out of both), and the measured period beside the
     replayed one (``measured_step_s``, ``replayed_step_s``: the check that the replay is today's run)."""
     series = batch_steps(by_step)
-    steady = [step for step in series if warmup < step < max(by_step)]
+    steady = steady_steps(by_step, warmup)
     measured = statistics.fmean(
         by_step[step + 1]["timeline/step_start"] - by_step[step]["timeline/step_start"] for step in steady
     )
@@ -370,7 +377,7 @@ def run_verl_v1(
 
 
 def summarize(by_step: dict[int, dict], warmup: int, slots: int) -> dict[str, float]:
-    steady = [by_step[step] for step in sorted(by_step) if warmup < step < max(by_step)]
+    steady = [by_step[step] for step in steady_steps(by_step, warmup)]
     wall = steady[-1]["timeline/sync_end"] - steady[0]["timeline/step_start"]
     total = lambda key: sum(m.get(key, 0.0) for m in steady)  # noqa: E731
     mean = lambda key: total(key) / len(steady)  # noqa: E731
@@ -405,7 +412,7 @@ def summarize(by_step: dict[int, dict], warmup: int, slots: int) -> dict[str, fl
 
 def summarize_verl_v1(by_step: dict[int, dict], logged_at: dict[int, float], warmup: int) -> dict[str, float]:
     """V1's steady steps (as ``summarize``): steps per minute from the wall clock, its split, the staleness trained."""
-    steady = [step for step in sorted(by_step) if warmup < step < max(by_step)]
+    steady = steady_steps(by_step, warmup)
     unseen = [step for step in (steady[0] - 1, steady[-1]) if step not in logged_at]
     if unseen:
         raise RuntimeError(
@@ -418,11 +425,11 @@ def summarize_verl_v1(by_step: dict[int, dict], logged_at: dict[int, float], war
         "steps_per_min": 60 * len(steady) / wall,
         "step_s": wall / len(steady),
         **{name: mean(key) for name, key in V1_STEP_PARTS.items()},
-        "staleness_mean": mean(f"{compare_verl.V1_STALENESS}/mean"),
-        "staleness_max": max(by_step[step][f"{compare_verl.V1_STALENESS}/max"] for step in steady),
+        "staleness_mean": mean(V1_STALENESS_MEAN),
+        "staleness_max": max(by_step[step][V1_STALENESS_MAX] for step in steady),
         "versions_per_trajectory": mean(V1_SPANS),
         "groups_dropped": sum(by_step[step].get(compare_verl.V1_EVICTED, 0.0) for step in steady),
-        "polled_share": statistics.fmean(by_step[step][V1_STEP_PARTS["wait_s"]] >= V1_POLL_S for step in steady),
+        "polled_share": statistics.fmean(by_step[step][V1_WAIT] >= V1_POLL_S for step in steady),
     }
 
 
