@@ -24,8 +24,6 @@ BENCHMARKS = (
     "partial_rollout",
     "learning",
     "compare_verl",
-    "vllm_cpu",
-    "hf_rollout",
     "weight_sync",
     "gloo_engine",
     "checkpoint_engine",

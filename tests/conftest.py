@@ -37,7 +37,7 @@ def needs_demo_assets(item: pytest.Item) -> bool:
     return "demo_assets" in item.fixturenames or item.get_closest_marker("e2e") is not None
 
 
-# The modules that launch the entry point (marks e2e, convergence, vllm). Under xdist (``scripts/test.sh``) one
+# The modules that launch the entry point (marks e2e, convergence). Under xdist (``scripts/test.sh``) one
 # worker runs the first three back to back from the start (they share the undisturbed run), while the other runs
 # every module that launches nothing, then the last three: at most two launches share the machine at a time, and
 # the fault tests, whose timings are the tightest, run beside unit tests.
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
     last (the other worker takes them when it has run the rest).
     """
     for item in items:
-        if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network", "vllm")):
+        if any(item.get_closest_marker(name) for name in ("e2e", "convergence", "network")):
             item.add_marker(pytest.mark.slow)
     unlisted = {item.path.name for item in items if item.path.name.startswith("test_e2e_")} - set(LAUNCHING_MODULES)
     if unlisted:

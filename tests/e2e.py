@@ -18,16 +18,10 @@ import zipfile
 from pathlib import Path
 from unittest import mock
 
-import pytest
-
 from recipe.one_step_off_async import runs
 from recipe.one_step_off_async.runs import Run
 
 CPU_PROFILE = "one_step_off_ppo_cpu"
-# The rollout engines an e2e run is repeated on: the recipe's `hf` replica, and vLLM's CPU build through verl's own
-# vLLM replica, server and weight-update path (mark `vllm`: `-m "not vllm"` skips those launches).
-VLLM = pytest.param("vllm", marks=pytest.mark.vllm, id="vllm")
-ENGINES = ("hf", VLLM)
 STEPS = 4
 # Every launch of the suite (about twenty, on 2 cores, two at a time): without Ray's dashboard and the idle workers
 # Ray prestarts for a first driver, which no test reads or uses, a launch costs ~10 s less CPU (of ~110 s).
@@ -63,16 +57,6 @@ def estimator_overrides(estimator: str) -> tuple[str, ...]:
 def assert_estimator_ran(run, estimator: str) -> None:
     """The task runner prints the resolved config: the run trained with ``estimator``."""
     assert f"'adv_estimator': '{estimator}'" in run.output
-
-
-def engine_overrides(engine: str, reward_model: bool = False) -> tuple[str, ...]:
-    """Overrides that roll out (and, with ``reward_model``, serve the reward model) on ``engine``."""
-    if engine == "hf":
-        return ()
-    return (
-        f"actor_rollout_ref.rollout.name={engine}",
-        *([f"reward.reward_model.rollout.name={engine}"] * reward_model),
-    )
 
 
 def checkpoint_engine(weights_dir) -> tuple[str, ...]:

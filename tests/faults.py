@@ -9,7 +9,7 @@ Two kinds of faults:
   (``reward.custom_reward_function``) with a given body (one that raises, say).
 - **From outside**, on a run started with ``start_main``: every process of the run (the driver,
   Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
-  by its Ray process title (``ray::HFRolloutServer``, ``ray::WorkerDict``...), kill or stop it at a
+  by its Ray process title (``ray::vLLMHttpServer``, ``ray::WorkerDict``...), kill or stop it at a
   chosen moment (e.g. once step k's metrics are logged), interrupt the driver, and afterwards
   list whatever the run left behind.
 
@@ -48,8 +48,9 @@ KILL_AT_TOOL_CALL_ENV = "FAULTS_TOOL_AGENT_LOOP_KILL_REPLICA_AT_TOOL_CALL"
 KILLED_CONVERSATION_ENV = "FAULTS_KILLED_CONVERSATION_FILE"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
 
-ROLLOUT_SERVER = "ray::HFRolloutServer"
+ROLLOUT_SERVER = "ray::vLLMHttpServer"  # verl's vLLM server actor, one per replica
 VLLM_ENGINE = "VLLM::EngineCore"  # vLLM's engine process, below verl's server actor
+WEIGHT_RECEIVER = "ray::CheckpointEngineWorker"  # verl's weight receiver beside each replica's server
 ACTOR_WORKER = "ray::WorkerDict"
 
 

@@ -21,9 +21,11 @@ from torch.utils.data import Dataset
 from verl import DataProto
 from verl.trainer.ppo.utils import Role
 from verl.utils.dataset.rl_dataset import collate_fn
+from verl.workers.config import CheckpointEngineConfig
 
 from recipe.one_step_off_async.trainer.ray_trainer import OneStepOffRayTrainer
 from recipe.one_step_off_async.trainer.step_metrics import job_resource_pool_manager
+from recipe.one_step_off_async.trainer.sync_manager import OneStepOffCheckpointManager
 
 PROMPT_LEN, RESPONSE_LEN = 4, 3
 LAUNCH_VERSION = "stub_launch_version"  # the rollout's weight version when the trainer launched the batch
@@ -148,24 +150,32 @@ class StubRollout:
         )
 
 
-class StubWeightSync:
-    """Stands in for verl's CheckpointEngineManager: sets the stub rollout's weight version."""
+class StubReplica:
+    """What verl's weight-sync manager would put to sleep after a generation."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+
+    async def sleep(self) -> None:
+        self.log.add("replica_sleep")
+
+
+class StubWeightSync(OneStepOffCheckpointManager):
+    """The trainer's weight-sync manager whose sync (verl's remote calls) sets the stub rollout's weight version."""
 
     def __init__(
         self, log: EventLog, rollout: StubRollout, skip_version: int | None = None, hang_version: int | None = None
     ) -> None:
+        super().__init__(config=CheckpointEngineConfig(backend="naive"), actor_wg=None, replicas=[StubReplica(log)])
         self.log, self.rollout, self.skip_version, self.hang_version = log, rollout, skip_version, hang_version
 
-    def update_weights(self, global_steps: int) -> dict:
+    def timed_update_weights(self, global_steps: int) -> dict:
         self.log.add("sync", global_steps, self.rollout.running)
         if global_steps == self.hang_version:
             threading.Event().wait()  # a receiver that never answers
         if global_steps != self.skip_version:
             self.rollout.version = global_steps
         return {}
-
-    def sleep_replicas(self) -> None:
-        pass
 
 
 class StubTokenizer:

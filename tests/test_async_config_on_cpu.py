@@ -12,9 +12,10 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from recipe.one_step_off_async.async_config import AsyncTrainingConfig, ElasticConfig, validate_config
-from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
+from recipe.one_step_off_async.errors import ConfigError
 from recipe.one_step_off_async.launch import PROFILES
-from recipe.one_step_off_async.preflight import check_data_files, check_model_modality
+from recipe.one_step_off_async.preflight import data_file_problems
+from recipe.one_step_off_async.schema import Problems
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "one_step_off_async" / "config"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -109,20 +110,12 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         ),
         (
             ["reward.reward_model.enable=true", "reward.reward_model.rollout.name=sglang"],
-            r"reward.reward_model.rollout.name='sglang': on trainer.device=cpu .* served by hf or vllm",
+            r"reward.reward_model.rollout.name='sglang': on trainer.device=cpu .* served by vllm \(",
         ),
         (
-            [
-                "reward.reward_model.enable=true",
-                "reward.reward_model.rollout.name=vllm",
-                "reward.reward_model.rollout.enable_sleep_mode=true",
-            ],
+            ["reward.reward_model.enable=true", "reward.reward_model.rollout.enable_sleep_mode=true"],
             r"reward.reward_model.rollout.name=vllm on trainer.device=cpu: vLLM's CPU build has no sleep mode.*"
             r"\+\+reward.reward_model.rollout.enable_sleep_mode=false",
-        ),
-        (
-            ["reward.reward_model.enable=true", "reward.reward_model.rollout.tensor_model_parallel_size=2"],
-            r"rollout.name=hf serves one process per replica; set reward.reward_model.rollout.tensor_model_parallel",
         ),
         (["+async_training.stalenes=2"], r"Unknown key\(s\) async_training.stalenes"),
         (["actor_rollout_ref.rollout.nnodes=0"], r"actor_rollout_ref.rollout.nnodes=0 leaves the rollout pool empty"),
@@ -142,14 +135,14 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         ),
         (
             ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
-            r"checkpoint_engine.backend='nccl' cannot feed weights to the 'hf' rollout backend; use gloo",
+            r"backend='nccl' cannot feed weights to the 'vllm' rollout backend on trainer.device=cpu; use .*gloo\.",
         ),
         (
             ["actor_rollout_ref.rollout.name=sglang"],
             r"checkpoint_engine.backend='gloo' cannot feed weights to the 'sglang'",
         ),
         (
-            ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enable_sleep_mode=true"],
+            ["actor_rollout_ref.rollout.enable_sleep_mode=true"],
             r"rollout.name=vllm on trainer.device=cpu: vLLM's CPU build has no sleep mode.*"
             r"\+\+actor_rollout_ref.rollout.enable_sleep_mode=false \(the CPU profiles do\)",
         ),
@@ -197,7 +190,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (
             [*PARTIAL, "actor_rollout_ref.rollout.name=sglang", "trainer.device=cuda"]
             + ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
-            r"partial_rollout=true with actor_rollout_ref.rollout.name='sglang'.*only hf and vllm",
+            r"partial_rollout=true with actor_rollout_ref.rollout.name='sglang'.*wired here for vllm only",
         ),
         (
             [*PARTIAL, "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
@@ -205,8 +198,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
             r"partial_rollout=true with checkpoint_engine.backend='nixl'.*supported: gloo, checkpoint, nccl",
         ),
         (
-            [*PARTIAL, "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
-            + ["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+            [*PARTIAL, "actor_rollout_ref.rollout.scheduling_policy=fcfs"],
             r"partial_rollout=true with vLLM and .*scheduling_policy='fcfs'.*scheduling_policy=priority",
         ),
         (
@@ -266,7 +258,8 @@ def test_every_problem_of_a_config_is_reported_at_once():
 
 
 def test_every_bad_value_of_the_section_is_reported_at_once():
-    """The fields' checks walk the whole section, the elastic one too: an unknown key no longer hides the values."""
+    """The fields' checks walk the whole section, the elastic one too: an unknown key does not hide the values (each
+    section's unknown keys, then its nested sections, then its own values)."""
     with pytest.raises(ConfigError) as caught:
         validate_config(
             compose_config(
@@ -279,9 +272,9 @@ def test_every_bad_value_of_the_section_is_reported_at_once():
         )
     assert [problem.split(" must be ")[0].split(";")[0] for problem in caught.value.problems] == [
         "Unknown key(s) async_training.stalenes",
-        "async_training.console='short'",
         "async_training.elastic.min_replicas=0",
         "async_training.elastic.start_timeout_s=0",
+        "async_training.console='short'",
     ]
     with pytest.raises(ConfigError) as caught:
         ElasticConfig(min_replicas=0, max_replicas=0, silent_timeout_s="2m")
@@ -350,9 +343,10 @@ def test_gpu_backends_on_a_cpu_trainer_are_rejected_and_vllms_cpu_build_is_accep
     )
     with pytest.raises(ConfigError, match="trainer.device='cpu' with actor_rollout_ref.rollout.name='sglang'"):
         validate_config(config)
-    # vLLM's CPU build, fed by the gloo engine, with the CPU profile's settings for it (no sleep mode).
-    vllm = compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm")
-    assert not vllm.actor_rollout_ref.rollout.enable_sleep_mode
+    # The CPU profile: vLLM's CPU build, fed by the gloo engine, with its settings for it (no sleep mode).
+    vllm = compose_config("one_step_off_ppo_cpu")
+    rollout = vllm.actor_rollout_ref.rollout
+    assert (rollout.name, rollout.checkpoint_engine.backend, rollout.enable_sleep_mode) == ("vllm", "gloo", False)
     validate_config(vllm)
 
 
@@ -420,18 +414,6 @@ def test_a_reward_model_on_a_pool_of_its_own_passes():
         validate_config(uneven)
 
 
-def test_a_vision_language_model_is_refused_on_the_hf_rollout(tmp_path, demo_assets):
-    from transformers import AutoConfig
-
-    AutoConfig.for_model("qwen2_vl").save_pretrained(tmp_path)
-    vlm = compose_config("one_step_off_ppo_cpu", f"actor_rollout_ref.model.path={tmp_path}")
-    with pytest.raises(ConfigError, match=r"is a vision-language model \(qwen2_vl\) and .*rollout.name=hf generates"):
-        check_model_modality(vlm)
-    check_model_modality(compose_config("one_step_off_ppo_cpu"))  # the demo model: text only
-    # vLLM takes images: nothing to refuse there (the multi-modal fields reach the actor, see the support matrix).
-    check_model_modality(compose_config("one_step_off_ppo_trainer", f"actor_rollout_ref.model.path={tmp_path}"))
-
-
 def test_multi_turn_tool_use_passes_the_launch_checks_in_every_mode(demo_assets):
     """verl's tool agent loop runs here (trainer/agent_loops.py): by default loop or by the rows, in any mode."""
     tool_use = (
@@ -444,39 +426,31 @@ def test_multi_turn_tool_use_passes_the_launch_checks_in_every_mode(demo_assets)
     for mode in ((), PARTIAL, (*PARTIAL, *ELASTIC, "actor_rollout_ref.rollout.n_gpus_per_node=2")):
         config = compose_config("one_step_off_ppo_cpu", *tool_use, *mode)
         validate_config(config)
-        check_data_files(config)
+        assert data_file_problems(config) == Problems()
 
 
 def test_data_files_are_checked_before_anything_starts(tmp_path, demo_assets):
-    good = demo_assets.train_file
-    check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files=[{good}]"))
-
-    missing = tmp_path / "missing.parquet"
-    with pytest.raises(NotOnThisMachine, match=f"data.train_files: {missing} is not found on this machine"):
-        check_data_files(
-            compose_config("one_step_off_ppo_cpu", f"data.train_files={missing}", f"data.val_files={good}")
+    def problems(train: str, val: str) -> Problems:
+        return data_file_problems(
+            compose_config("one_step_off_ppo_cpu", f"data.train_files={train}", f"data.val_files={val}")
         )
+
+    good = demo_assets.train_file
+    assert problems(good, f"[{good}]") == Problems()
+    missing = tmp_path / "missing.parquet"
+    [not_here] = problems(missing, good).not_here
+    assert not_here.startswith(f"data.train_files: {missing} is not found on this machine")
     garbage = tmp_path / "garbage.parquet"
     garbage.write_text("not parquet")
-    with pytest.raises(ConfigError, match=f"data.val_files: {garbage} is not a readable parquet file"):
-        check_data_files(
-            compose_config("one_step_off_ppo_cpu", f"data.train_files={good}", f"data.val_files={garbage}")
-        )
+    assert problems(good, garbage).problems[0].startswith(f"data.val_files: {garbage} is not a readable parquet file")
     empty = tmp_path / "empty.parquet"
     pd.read_parquet(good).iloc[:0].to_parquet(empty)
-    with pytest.raises(ConfigError, match=f"data.train_files: {empty} hold no rows"):
-        check_data_files(compose_config("one_step_off_ppo_cpu", f"data.train_files={empty}", f"data.val_files={good}"))
-    # Every problem at once; a real one among them makes it a ConfigError, not only what this machine lacks.
-    with pytest.raises(ConfigError) as caught:
-        check_data_files(
-            compose_config("one_step_off_ppo_cpu", f"data.train_files=[{missing},{empty}]", f"data.val_files={garbage}")
-        )
-    assert not isinstance(caught.value, NotOnThisMachine)
-    assert caught.value.skipped == tuple(
+    assert problems(empty, good).problems[0].startswith(f"data.train_files: {empty} hold no rows")
+    # Every problem at once; a split with a file not read is not counted (its rows are listed as not checked).
+    found = problems(f"[{missing},{empty}]", garbage)
+    assert [problem.split(" ", 2)[:2] for problem in found.problems] == [["data.val_files:", str(garbage)]]
+    assert [problem.split(" ", 2)[:2] for problem in found.not_here] == [["data.train_files:", str(missing)]]
+    assert found.skipped == [
         f"whether data.{split} holds rows (one of its files could not be read)"
         for split in ("train_files", "val_files")
-    )
-    assert [problem.split(" ", 2)[:2] for problem in caught.value.problems] == [
-        ["data.val_files:", str(garbage)],
-        ["data.train_files:", str(missing)],
     ]

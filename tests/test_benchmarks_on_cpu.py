@@ -16,7 +16,8 @@ and the cheapest one measures end to end.
   report, numbers as numbers, not their values (timings on a shared machine say nothing).
 - ``compare-verl``'s settings for verl's V1 ``separate_async`` against what verl's code and config ask for (its
   batch and sync-step rule, the logging call that needs INFO off, the TransferQueue version), and the timers
-  and metric keys it reads from V1; ``partial-rollout --verl-v1``'s launch of V1 on the generation-bound profile
+  and metric keys it reads from V1; both of verl's trainers composed with its overrides roll out as the recipe's
+  CPU profile does (vLLM's CPU build, its engine settings, gloo); ``partial-rollout --verl-v1``'s launch of V1 on the generation-bound profile
   (with the launch stubbed) and its summary.
 """
 
@@ -305,15 +306,15 @@ def test_the_partial_rollout_summary_reads_the_steady_steps():
             **values,
         }
 
-    by_step = {k: step(float(k), **({"rollout/busy_s": 0.4} if k == 3 else {})) for k in range(1, 6)}
+    by_step = {k: step(float(k)) for k in range(1, 6)}
     summary = partial_rollout.summarize(by_step, warmup=1, slots=32)  # steps 2-4: step 5 has nothing to generate
 
     assert summary["steps_per_min"] == pytest.approx(60 * 3 / 3.0)
     assert summary["wait_s"] == pytest.approx(0.5) and summary["gen_s"] == pytest.approx(1.1)
     assert summary["occupancy"] == pytest.approx(0.1) and summary["rows_per_engine_step"] == pytest.approx(3.2)
-    assert summary["ms_per_engine_step"] == pytest.approx(1000 * 0.4 / 300)
-    assert summary["busy_tokens_per_s"] == pytest.approx(960 / 0.4)
-    assert "busy_tokens_per_s" not in partial_rollout.summarize({k: step(float(k)) for k in range(1, 6)}, 1, 32)
+    without_statistics = {k: step(float(k), **{"rollout/slot_steps": 0.0}) for k in range(1, 6)}
+    with pytest.raises(SystemExit, match="disable_log_stats=false"):  # vLLM kept no scheduler statistics
+        partial_rollout.summarize(without_statistics, warmup=1, slots=32)
 
 
 def test_the_partial_rollout_report_prints_the_bounds_and_the_targets(capsys):
@@ -328,7 +329,7 @@ def test_the_partial_rollout_report_prints_the_bounds_and_the_targets(capsys):
     # Three rounds each: the gain is the median of the rounds' ratios, not the ratio of the medians.
     round_gains = {"s1": [1.0] * 3, "s1 partial": [1.1] * 3, "s2 partial": [1.2, 1.6, 1.7], "s4 partial": [1.4] * 3}
 
-    partial_rollout.report(medians | {"s2 partial": today | {"steps_per_min": 70.0}}, "vllm", batch_bounds, round_gains)
+    partial_rollout.report(medians | {"s2 partial": today | {"steps_per_min": 70.0}}, batch_bounds, round_gains)
 
     shown = capsys.readouterr().out
     assert "step 1.20 s = actor 0.55 s + wait 0.65 s (54% of the step: generation-bound)" in shown
@@ -348,8 +349,9 @@ def test_the_partial_rollout_report_prints_the_bounds_and_the_targets(capsys):
 def test_the_generation_bound_profile_passes_the_launch_checks_with_cheap_training_at_8_samples_a_step(demo_assets):
     """What the benchmark compares on ``one_step_off_ppo_cpu_generation_bound``, as the launch composes it: 8 samples
     per step, one optimizer update, no reference model, verl's bypass mode (no recomputation of the old log-probs),
-    dynamic micro-batches; its headline mode (partial rollout, s=2) passes every check before Ray starts. Its
-    training settings run end to end in the partial-rollout resume (test_e2e_partial_on_cpu.py)."""
+    dynamic micro-batches; its headline mode (partial rollout, s=2) with the benchmark's vLLM settings passes every
+    check before Ray starts. Its training settings run end to end in the partial-rollout resume
+    (test_e2e_partial_on_cpu.py)."""
     from hydra import compose, initialize_config_module
     from verl.trainer.ppo.utils import need_reference_policy
 
@@ -362,7 +364,7 @@ def test_the_generation_bound_profile_passes_the_launch_checks_with_cheap_traini
     assert profile.algorithm.rollout_correction.bypass_mode
     headline = ("async_training.staleness=2", "async_training.partial_rollout=true")
     with pytest.raises(AssertionError, match="starting Ray"):
-        main_until_ray(*headline, profile=partial_rollout.PROFILE)
+        main_until_ray(*headline, *partial_rollout.VLLM_SETTINGS, profile=partial_rollout.PROFILE)
 
 
 def test_the_heavy_tail_overrides_for_a_gpu_profile_match_the_generation_bound_profile(demo_assets):
@@ -418,6 +420,35 @@ def test_compare_verl_gives_verls_v1_separate_async_what_its_set_up_asks_for():
     assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"
 
 
+# Where each of verl's trainers compared finds its own config (its module's hydra main): folder in verl, name.
+VERL_CONFIGS = {
+    compare_verl.VERL_ONE_STEP_OFF: ("experimental/one_step_off_policy/config", "one_step_off_ppo_trainer"),
+    compare_verl.VERL_V1: ("trainer/config", "ppo_trainer"),
+}
+
+
+@pytest.mark.parametrize("trainer", list(VERL_CONFIGS))
+def test_compare_verl_runs_verls_trainers_on_vllms_cpu_build_as_the_recipes_cpu_layout_does(trainer):
+    """verl's trainers compose the benchmark's overrides from their own YAML into the rollout the recipe's CPU
+    profile runs: vLLM's CPU build with the same engine settings, fed by gloo, with the same buckets and slots."""
+    import verl
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from omegaconf import OmegaConf
+
+    folder, name = VERL_CONFIGS[trainer]
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / folder), version_base=None):
+        config = compose(config_name=name, overrides=compare_verl.TRAINERS[trainer][2])
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        recipe = compose(config_name="one_step_off_ppo_cpu")
+
+    assert config.trainer.device == "cpu" and config.actor_rollout_ref.rollout.name == "vllm"
+    keys = [override.lstrip("+").split("=", 1)[0] for override in compare_verl.VLLM_ON_CPU]
+    keys += [f"actor_rollout_ref.rollout.{key}" for key in ("checkpoint_engine.backend", "max_num_seqs")]
+    keys += ["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"]
+    for key in keys:
+        assert OmegaConf.select(config, key) == OmegaConf.select(recipe, key), key
+
+
 def test_partial_rollout_summarizes_verl_v1_from_the_wall_clock():
     v1 = compare_verl.V1_STALENESS
     by_step = {
@@ -457,7 +488,7 @@ def test_partial_rollout_launches_verl_v1_on_the_same_profile_as_its_code_asks(d
     assert f"poll_interval: float = {partial_rollout.V1_POLL_S}," in (v1 / "replay_buffer.py").read_text()
     assert "await asyncio.sleep(1)" in client  # the docs: it waits 1 s before it resubmits an aborted request
 
-    extra = list(partial_rollout.ENGINES["vllm"])
+    extra = list(partial_rollout.VLLM_SETTINGS)
     assets = partial_rollout.resolved_demo_assets(partial_rollout.PROFILE, extra)
     keys = {item.split("=", 1)[0] for item in assets}
     assert {
@@ -515,9 +546,9 @@ def test_partial_rollout_reports_each_mode_against_verl_v1_round_by_round(capsys
     v1_runs = [v1, v1 | {"steps_per_min": 40.0}, v1 | {"steps_per_min": 20.0}]
     results = {"s1": [{"steps_per_min": 45.0}] * 3, "s2 partial": [{"steps_per_min": 60.0}] * 3}
 
-    partial_rollout.report_verl_v1(v1_runs, results, "vllm")
+    partial_rollout.report_verl_v1(v1_runs, results)
 
     shown = capsys.readouterr().out
-    assert f"{compare_verl.VERL_V1} (vllm, the same profile): 30.0 steps/min, step 2.00 s" in shown
+    assert f"{compare_verl.VERL_V1} (the same profile): 30.0 steps/min, step 2.00 s" in shown
     assert "s2 partial x2.00 (rounds: x2.00, x1.50, x3.00)" in shown  # each round against V1's run of that round
     assert "50% of its steps waited 2 s or more for their batch" in shown

@@ -4,8 +4,8 @@ Six launches of ``python -m recipe.one_step_off_async.main_ppo --config-name=one
 (``faults.start_main`` or ``e2e.run_main``), each checking the exit code, the time to failure, the
 message, and that no process of the run survives it:
 
-- a rollout worker lost during a weight sync; a reward function that raises, on an elastic pool (one launch
-  each); on vLLM's CPU build (mark ``vllm``), vLLM's engine process killed under its live server (one launch);
+- a rollout replica's weight receiver lost during a weight sync; a reward function that raises, on an elastic
+  pool; vLLM's engine process killed under its live server (one launch each);
 - the resume chain (``resume_chain``): three launches sharing one checkpoint folder, with weights
   pushed every 4 steps and at every checkpoint (every 3 steps), so each checkpoint the interrupt can
   leave falls in the middle of a sync interval. Launch 1 is stopped by Ctrl-C; launch 2 resumes and
@@ -19,7 +19,7 @@ point's body in this process (``e2e.main_until_ray``). Faults whose whole effect
 side (a generation error, a validation or first weight sync that never returns, a NaN reward) are
 tested with the real trainer and stub workers (test_trainer_loop_on_cpu.py). A server actor that dies is named by
 the engine watch (test_engine_health_on_cpu.py, with Ray actors), and ends a run here when it is vLLM's engine, in
-the elastic tests when it is an hf server.
+the elastic tests when it is the server actor.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from e2e import (
     pickled_globals,
     run_main,
 )
-from faults import ACTOR_WORKER, ROLLOUT_SERVER, VLLM_ENGINE, WatchedRun, reward_function, start_main
+from faults import ACTOR_WORKER, VLLM_ENGINE, WEIGHT_RECEIVER, WatchedRun, reward_function, start_main
 
 from recipe.one_step_off_async.errors import LaunchProblems
 from recipe.one_step_off_async.trainer.pipeline import expected_weight_version
@@ -129,14 +129,11 @@ def assert_failed_cleanly(ended: Ended) -> None:
     assert "Traceback" in ended.run.output
 
 
-@pytest.mark.vllm
 def test_a_vllm_engine_dying_fails_the_run_within_seconds_naming_its_replica(tmp_path):
     """vLLM's engine process killed (the server actor above it lives on): the trainer's next check of the engines
     names the replica, long before the generation or sync timeouts (raised to 300 s here) would end the run."""
     timeouts = ("async_training.generation_timeout_s=300", "async_training.sync_timeout_s=300")
-    with watched(
-        tmp_path, *BOUNDED, *timeouts, "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=100"
-    ) as run:
+    with watched(tmp_path, *BOUNDED, *timeouts, "trainer.total_training_steps=100") as run:
         run.wait_for_step(2)
         ended = end_by(run, lambda: run.signal_worker(VLLM_ENGINE, signal.SIGKILL))
     assert_failed_cleanly(ended)
@@ -146,7 +143,7 @@ def test_a_vllm_engine_dying_fails_the_run_within_seconds_naming_its_replica(tmp
 
 def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
     # staleness 0: the rollout pool is idle while the actor trains, and the next thing it does is
-    # receive weights. Freeze the rollout server during training, so the sync meets a dead peer.
+    # receive weights. Freeze the replica's weight receiver during training, so the sync meets a dead peer.
     overrides = (
         "async_training.staleness=0",
         "trainer.total_training_steps=100",
@@ -155,12 +152,12 @@ def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
     with watched(tmp_path, *BOUNDED, *overrides) as run:
         run.wait_for_step(1)
         run.wait_for_task(ACTOR_WORKER, "update_actor")  # step 2: generation done, the actor is updating
-        server = run.signal_worker(ROLLOUT_SERVER, signal.SIGSTOP)
+        receiver = run.signal_worker(WEIGHT_RECEIVER, signal.SIGSTOP)
         frozen_step = max(run.logged_steps()) + 1
         time.sleep(6)  # the update ends and the sync starts, against a frozen receiver
-        ended = end_by(run, server.kill)
+        ended = end_by(run, receiver.kill)
     assert_failed_cleanly(ended)
-    assert "HFRolloutServer" in ended.run.output
+    assert "CheckpointEngineWorker" in ended.run.output
     assert "_fit_update_weights" in ended.run.output  # the failure surfaced in the weight sync
     assert frozen_step not in run.logged_steps()  # the step whose sync failed is not reported as done
 

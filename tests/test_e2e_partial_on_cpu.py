@@ -1,14 +1,14 @@
 """Partial rollout on the real entry point: long-tail and multi-turn tool use at staleness 2, a replica lost
 mid-conversation, a resume with the generation-bound profile's cheap training.
 
-Three launches (a minute or two each on 2 cores): the first once per rollout engine (the ``hf`` replica, and vLLM's
-CPU build through verl's vLLM path with ``scheduling_policy=priority``, mark ``vllm``), the resume on ``hf``; on
-``one_step_off_ppo_cpu_long_tail`` with an agentic half:
+Two launches (a minute or two each on 2 cores), on vLLM's CPU build through verl's vLLM path (the profiles'
+``scheduling_policy=priority``: the batches in flight oldest first), on ``one_step_off_ppo_cpu_long_tail`` with an
+agentic half:
 every batch holds 2 long-tail prompts of 200 to 480 tokens (so each sync lands while they generate) and 2
 prompts of the tool-use task (``demo/tool_task.py``: the model calls the
 demo's tool through verl's tool agent loop, then answers), 4 samples each, by the tool-use model:
 
-- 6 steps, partial rollout, staleness 2, two ``hf`` replicas in an elastic pool, one killed between the
+- 6 steps, partial rollout, staleness 2, two replicas in an elastic pool, one killed between the
   turns of a conversation (the 8th tool call: batch 2's conversations and the long tail of batch 1 are
   running), a checkpoint at step 3. The run finishes; every step trains its dataloader batch, the trainer
   checked the version of every token of every turn against [k-1-s, k-1]; some samples span versions; the
@@ -30,7 +30,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from e2e import ENGINES, checkpoint_engine, contract_version, engine_overrides, run_main
+from e2e import checkpoint_engine, contract_version, run_main
 from faults import failing_conversation, killed_conversation
 
 from recipe.one_step_off_async.demo import long_tail, task, tool_task
@@ -130,19 +130,14 @@ GENERATION_BOUND_TRAINING = (
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024",
 )
 
-# vLLM admits the batches in flight oldest first by the priority the trainer gives each sample.
-PARTIAL_ON_VLLM = ("actor_rollout_ref.rollout.scheduling_policy=priority",)
 
-
-@pytest.fixture(scope="module", params=ENGINES)
-def partial_run(request, tmp_path_factory, demo_assets):
-    directory = tmp_path_factory.mktemp(f"partial_{request.param}")
+@pytest.fixture(scope="module")
+def partial_run(tmp_path_factory, demo_assets):
+    directory = tmp_path_factory.mktemp("partial")
     overrides, env = failing_conversation(directory, kill_at_tool_call=8)
-    run = run_main(
+    return run_main(
         directory,
         *PARTIAL,
-        *engine_overrides(request.param),
-        *(PARTIAL_ON_VLLM if request.param == "vllm" else ()),
         *mixed_task(directory, demo_assets),
         "async_training.elastic.enable=true",
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
@@ -150,8 +145,6 @@ def partial_run(request, tmp_path_factory, demo_assets):
         env=env,
         profile=PROFILE,
     )
-    run.engine = request.param
-    return run
 
 
 def assert_tokens_within_the_contract(metrics: dict[int, dict], steps: range, start: int = 0) -> None:
@@ -180,7 +173,7 @@ def test_partial_run_spans_versions_within_the_contract_and_survives_a_lost_repl
     for step, values in metrics.items():
         served = sum(count for key, count in values.items() if key.startswith("async/replica_requests/"))
         assert served == SAMPLES_PER_BATCH, f"step {step}"
-    # The engines' own counters reached the trainer (the hf server's; vLLM's scheduler statistics).
+    # The engines' own counters reached the trainer (vLLM's scheduler statistics).
     occupancy = [values["rollout/slot_occupancy"] for values in metrics.values()]
     assert all(0 <= value <= 1 for value in occupancy) and max(occupancy) > 0
     assert sum(values["rollout/prefill_tokens"] for values in metrics.values()) > 0
@@ -222,14 +215,13 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
                 # The tool's turn ends the assistant's (special tokens are not in the dump).
                 assert rest_of_turn.endswith(f"\ntool\n{''.join(sorted(letters))}"), response
     # The tools ran: 2 tool-use prompts x 4 samples per step, of which the model calls the tool exactly right in
-    # about half (0.56 of 64 val prompts sampled at temperature 1; 21 and 26 of 48 in two runs of the hf twin).
+    # about half (0.56 of 64 val prompts sampled at temperature 1).
     # None of the 12 prompts getting one exact call in 4 samples: even if a prompt's 4 samples all fail together
     # 1 time in 5 (far above the 0.44^4 = 0.04 of independent samples), 0.2^12 = 4e-9. A run whose tools never
     # ran counts none.
     assert calls >= 1, calls
 
 
-@pytest.mark.parametrize("partial_run", ["hf"], indirect=True)  # one resume: the hf run's checkpoint
 def test_partial_run_resumed_from_a_checkpoint_trains_the_same_prompts_per_step(partial_run, tmp_path, demo_assets):
     checkpoint = partial_run.directory / "checkpoints" / f"global_step_{SAVED_AT}"
     resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")

@@ -1,12 +1,11 @@
-"""verl trainer features beyond the recipe's defaults, through the pipeline: the real entry point on CPU, once per
-rollout engine (the recipe's ``hf`` replica; vLLM's CPU build through verl's own vLLM path, its reward model served
-by vLLM's ``/classify``, mark ``vllm``).
+"""verl trainer features beyond the recipe's defaults, through the pipeline: the real entry point on CPU, rolling out
+on vLLM's CPU build through verl's own vLLM path.
 
 The run a PPO user would type, at staleness 1: ``algorithm.adv_estimator=gae`` (a critic on the training
 pool, the CPU profile's ``critic`` section) with ``trainer.critic_warmup=2`` (the actor starts updating at
 step 2), a KL loss against the reference policy (``actor.use_kl_loss``) and a KL penalty in the reward
 (``algorithm.use_kl_in_reward``), the reward from a reward model (``reward.reward_model.enable``: the demo's
-tiny classifier, served on a pool of its own by the ``hf`` backend's ``/classify`` and called by verl's
+tiny classifier, served on a pool of its own by vLLM's ``/classify`` and called by verl's
 reward loop), dynamic batch sizes (actor, reference, rollout log-probs), the tensorboard tracker,
 validation generations logged to it, and a checkpoint that also holds the actor in Hugging Face format
 (``checkpoint.save_contents``). The rows of the support matrix (docs/advance/one_step_off_async/support_matrix.md)
@@ -20,7 +19,7 @@ import math
 
 import pytest
 import torch
-from e2e import ENGINES, contract_version, engine_overrides, run_main
+from e2e import contract_version, run_main
 
 pytestmark = pytest.mark.e2e
 
@@ -36,12 +35,11 @@ DYNAMIC_BATCH_SIZES = (
 REWARD_MODEL = ("reward.reward_model.enable=true", "reward.custom_reward_function.path=null")
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def ppo_run(request, tmp_path_factory, demo_assets):
-    directory = tmp_path_factory.mktemp(f"ppo_gae_kl_{request.param}")
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory, demo_assets):
+    directory = tmp_path_factory.mktemp("ppo_gae_kl")
     return run_main(
         directory,
-        *engine_overrides(request.param, reward_model=True),
         "algorithm.adv_estimator=gae",
         f"trainer.critic_warmup={CRITIC_WARMUP}",
         "actor_rollout_ref.actor.use_kl_loss=true",

@@ -79,8 +79,8 @@ def test_the_controller_queues_requests_until_the_trainer_takes_them():
 def test_the_controller_reports_each_lost_replica_once_however_many_requests_saw_it_die():
     controller = RolloutPoolController()
     for reason in ("ActorDiedError: died", "second", "third"):
-        controller.report_lost("hf://a", reason)
-    assert controller.take_lost() == {"hf://a": "ActorDiedError: died"}
+        controller.report_lost("server://a", reason)
+    assert controller.take_lost() == {"server://a": "ActorDiedError: died"}
     assert controller.take_lost() == {}
 
 
@@ -101,7 +101,7 @@ class FakeReplica:
     nnodes: int = 1
 
     def __post_init__(self) -> None:
-        self.server_address = self.server_address or f"hf://replica-{self.replica_rank}"
+        self.server_address = self.server_address or f"server://replica-{self.replica_rank}"
         self.server_handle = f"handle-{self.replica_rank}"
 
 
@@ -209,30 +209,30 @@ class Harness:
 def test_a_lost_replica_leaves_the_weight_syncs_and_is_shut_down_at_the_next_step_boundary(cpu_ray):
     h = Harness(cpu_ray)
     # What ElasticLLMServerClient does when a request dies with its replica:
-    cpu_ray.get(h.load_balancer.remove_servers.remote(["hf://replica-1"]))
-    cpu_ray.get(h.controller.report_lost.remote("hf://replica-1", "ActorDiedError: killed"))
+    cpu_ray.get(h.load_balancer.remove_servers.remote(["server://replica-1"]))
+    cpu_ray.get(h.controller.report_lost.remote("server://replica-1", "ActorDiedError: killed"))
     h.pool.poll(3)
-    assert list(h.pool.live) == ["hf://replica-0"]
+    assert list(h.pool.live) == ["server://replica-0"]
     assert h.checkpoints.calls == [("remove", [1])] and [r.replica_rank for r in h.checkpoints.replicas] == [0]
     assert h.shut == [1]
-    assert h.servers.server_addresses == ["hf://replica-0"] and h.servers.rollout_replicas == [h.replicas[0]]
-    assert str(h.pool.lost[0]) == "replica 1 (hf://replica-1) lost at step 3: ActorDiedError: killed"
+    assert h.servers.server_addresses == ["server://replica-0"] and h.servers.rollout_replicas == [h.replicas[0]]
+    assert str(h.pool.lost[0]) == "replica 1 (server://replica-1) lost at step 3: ActorDiedError: killed"
     assert h.pool.metrics()["async/rollout_replicas"] == 1.0
     assert h.pool.metrics()["async/rollout_replicas_lost"] == 1.0
 
 
 def test_losing_the_last_replica_fails_naming_every_loss(cpu_ray):
     h = Harness(cpu_ray, replicas=2)
-    cpu_ray.get(h.controller.report_lost.remote("hf://replica-0", "ActorDiedError: killed"))
+    cpu_ray.get(h.controller.report_lost.remote("server://replica-0", "ActorDiedError: killed"))
     h.pool.poll(2)  # one left: the run goes on
-    cpu_ray.get(h.controller.report_lost.remote("hf://replica-1", "ActorDiedError: killed"))
+    cpu_ray.get(h.controller.report_lost.remote("server://replica-1", "ActorDiedError: killed"))
     error = h.pool.explain_failure(5)  # the generation of step 5 failed
     assert isinstance(error, RolloutPoolLostError)
     message = str(error)
     assert "down to 0 live replica(s) at step 5" in message and "min_replicas=1" in message
     assert (
-        "replica 0 (hf://replica-0) lost at step 2" in message
-        and "replica 1 (hf://replica-1) lost at step 5" in message
+        "replica 0 (server://replica-0) lost at step 2" in message
+        and "replica 1 (server://replica-1) lost at step 5" in message
     )
     with pytest.raises(RolloutPoolLostError):
         h.pool.poll(6)
@@ -244,7 +244,7 @@ def test_a_generation_failure_with_replicas_left_is_not_renamed(cpu_ray):
 
 def test_min_replicas_fails_the_run_before_the_pool_is_empty(cpu_ray):
     h = Harness(cpu_ray, replicas=3, min_replicas=3)
-    cpu_ray.get(h.controller.report_lost.remote("hf://replica-2", "ActorDiedError: killed"))
+    cpu_ray.get(h.controller.report_lost.remote("server://replica-2", "ActorDiedError: killed"))
     with pytest.raises(RolloutPoolLostError, match="down to 2 live replica.*min_replicas=3"):
         h.pool.poll(1)
 
@@ -253,7 +253,7 @@ def test_a_replica_that_died_while_the_pool_was_idle_is_dropped_before_the_sync(
     h = Harness(cpu_ray)
     h.dead[0] = "ActorDiedError: node lost"
     h.pool.before_sync(4)
-    assert list(h.pool.live) == ["hf://replica-1"] and h.balanced() == ["hf://replica-1"]
+    assert list(h.pool.live) == ["server://replica-1"] and h.balanced() == ["server://replica-1"]
     assert h.checkpoints.calls == [("remove", [0])] and h.shut == [0]
     assert "found dead before the weight sync (ActorDiedError: node lost)" in str(h.pool.lost[0])
 
@@ -263,14 +263,14 @@ def test_an_added_replica_gets_the_weights_at_the_next_sync_and_only_then_takes_
     request = h.request(add=1)
     h.poll_until_started(2)
     assert h.outcome(request)["state"] == "in progress"
-    assert h.balanced() == ["hf://replica-0"]  # up, but not serving: it has no weights yet
+    assert h.balanced() == ["server://replica-0"]  # up, but not serving: it has no weights yet
     assert h.pool.metrics()["async/rollout_replicas_joining"] == 1.0
     h.pool.before_sync(3)
     assert h.checkpoints.calls == [("add", [1])]  # this sync (v3) reaches it
-    assert h.balanced() == ["hf://replica-0"]
+    assert h.balanced() == ["server://replica-0"]
     h.pool.after_sync(3)
-    assert h.balanced() == ["hf://replica-0", "hf://replica-1"]
-    assert h.servers.server_addresses == ["hf://replica-0", "hf://replica-1"]
+    assert h.balanced() == ["server://replica-0", "server://replica-1"]
+    assert h.servers.server_addresses == ["server://replica-0", "server://replica-1"]
     outcome = h.outcome(request)
     assert outcome["state"] == "done" and "replica 1 joined at step 3 with v3" in outcome["detail"]
     assert h.pool.metrics()["async/rollout_replicas"] == 2.0
@@ -301,7 +301,7 @@ def test_a_removed_replica_takes_no_new_requests_and_is_shut_down_at_the_next_sy
     h = Harness(cpu_ray, replicas=3)
     request = h.request(remove=1)
     h.pool.poll(5)
-    assert h.balanced() == ["hf://replica-0", "hf://replica-1"]  # the most recently started goes
+    assert h.balanced() == ["server://replica-0", "server://replica-1"]  # the most recently started goes
     assert h.checkpoints.calls == [("remove", [2])] and h.shut == []  # requests on it may still run
     assert h.outcome(request)["state"] == "in progress"
     h.pool.before_sync(6)
@@ -359,10 +359,10 @@ def test_a_replica_up_and_waiting_for_its_first_sync_counts_toward_min_replicas(
     h = Harness(cpu_ray, replicas=1, free={"node": {"CPU": 1.0}})
     h.request(add=1)
     h.poll_until_started(1)
-    cpu_ray.get(h.controller.report_lost.remote("hf://replica-0", "ActorDiedError: killed"))
+    cpu_ray.get(h.controller.report_lost.remote("server://replica-0", "ActorDiedError: killed"))
     h.pool.before_sync(1)  # the new replica gets v1 in this sync: the run can go on
     h.pool.after_sync(1)
-    assert list(h.pool.live) == ["hf://replica-1"] and h.balanced() == ["hf://replica-1"]
+    assert list(h.pool.live) == ["server://replica-1"] and h.balanced() == ["server://replica-1"]
 
 
 def test_the_elastic_pool_has_every_step_hook_the_trainer_calls():
@@ -380,7 +380,7 @@ def test_batch_metrics_count_the_requests_each_replica_served_and_those_regenera
     h = Harness(cpu_ray)
     output = DataProto.from_dict(
         non_tensors={
-            SERVED_BY: np.array(["hf://replica-0"] * 3 + ["hf://replica-1"], dtype=object),
+            SERVED_BY: np.array(["server://replica-0"] * 3 + ["server://replica-1"], dtype=object),
             REGENERATED: np.array([0, 1, 2, 0], dtype=object),
         }
     )
@@ -462,7 +462,7 @@ def _client_and_pool(ray, servers, behaviours: dict[str, str]):
     ray.get(balancer.release_server.remote(first))
     ray.get(balancer.add_servers.remote({a: h for a, h in handles.items() if a != first}))
     controller = InProcessActor(RolloutPoolController())
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "hf"}}})
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm"}}})
     return ElasticLLMServerClient(config, balancer, controller=controller), balancer, controller
 
 
@@ -474,14 +474,16 @@ def _generate(ray, client):
 
 def test_a_request_whose_replica_dies_is_generated_again_on_a_survivor(ray_shipping_servers, servers):
     cpu_ray = ray_shipping_servers
-    client, balancer, controller = _client_and_pool(cpu_ray, servers, {"hf://dying": "die", "hf://healthy": "answer"})
+    client, balancer, controller = _client_and_pool(
+        cpu_ray, servers, {"server://dying": "die", "server://healthy": "answer"}
+    )
     output = _generate(cpu_ray, client)
     assert output.token_ids == [7, 8]
-    assert output.extra_fields[SERVED_BY] == "hf://healthy" and output.extra_fields[REGENERATED] == 1
+    assert output.extra_fields[SERVED_BY] == "server://healthy" and output.extra_fields[REGENERATED] == 1
     assert output.extra_fields["min_global_steps"] == output.extra_fields["max_global_steps"] == 3
-    assert cpu_ray.get(balancer.get_all_servers.remote()) == ["hf://healthy"]
+    assert cpu_ray.get(balancer.get_all_servers.remote()) == ["server://healthy"]
     lost = cpu_ray.get(controller.take_lost.remote())
-    assert list(lost) == ["hf://dying"] and lost["hf://dying"].startswith("ActorDiedError")
+    assert list(lost) == ["server://dying"] and lost["server://dying"].startswith("ActorDiedError")
 
 
 class EngineDeadError(RuntimeError):
@@ -510,16 +512,16 @@ def test_a_request_whose_replicas_engine_died_is_generated_again_and_the_replica
 
 def test_a_request_with_no_replica_left_fails_naming_the_lost_ones(ray_shipping_servers, servers):
     cpu_ray = ray_shipping_servers
-    client, balancer, _ = _client_and_pool(cpu_ray, servers, {"hf://only": "die"})
-    with pytest.raises(RolloutPoolLostError, match="no rollout replica is left.*hf://only"):
+    client, balancer, _ = _client_and_pool(cpu_ray, servers, {"server://only": "die"})
+    with pytest.raises(RolloutPoolLostError, match="no rollout replica is left.*server://only"):
         _generate(cpu_ray, client)
 
 
 def test_a_request_that_outlives_three_replicas_is_not_sent_to_a_fourth(ray_shipping_servers, servers):
     cpu_ray = ray_shipping_servers
-    behaviours = {"hf://a": "die", "hf://b": "die", "hf://c": "die", "hf://healthy": "answer"}
+    behaviours = {"server://a": "die", "server://b": "die", "server://c": "die", "server://healthy": "answer"}
     client, balancer, _ = _client_and_pool(cpu_ray, servers, behaviours)
-    cpu_ray.get(balancer.remove_servers.remote(["hf://healthy"]))  # the dying ones are picked first
+    cpu_ray.get(balancer.remove_servers.remote(["server://healthy"]))  # the dying ones are picked first
     with pytest.raises(RolloutPoolLostError, match="3 rollout replicas died while generating it"):
         _generate(cpu_ray, client)
 
@@ -527,11 +529,11 @@ def test_a_request_that_outlives_three_replicas_is_not_sent_to_a_fourth(ray_ship
 def test_an_error_raised_by_a_live_replica_is_not_retried(ray_shipping_servers, servers):
     cpu_ray = ray_shipping_servers
     client, balancer, controller = _client_and_pool(
-        cpu_ray, servers, {"hf://strict": "raise", "hf://healthy": "answer"}
+        cpu_ray, servers, {"server://strict": "raise", "server://healthy": "answer"}
     )
     with pytest.raises(cpu_ray.exceptions.RayTaskError, match="longer than the model's context"):
         _generate(cpu_ray, client)
-    assert sorted(cpu_ray.get(balancer.get_all_servers.remote())) == ["hf://healthy", "hf://strict"]
+    assert sorted(cpu_ray.get(balancer.get_all_servers.remote())) == ["server://healthy", "server://strict"]
     assert cpu_ray.get(controller.take_lost.remote()) == {}
 
 
@@ -641,9 +643,9 @@ def test_the_pool_drops_a_hung_replica_before_the_sync_naming_it_and_the_bound(r
     hung.hold.remote(3600)
     h.replicas[0].servers, h.replicas[1].servers = [process()], [hung]
     h.pool.before_sync(4)
-    assert list(h.pool.live) == ["hf://replica-0"] and h.balanced() == ["hf://replica-0"] and h.shut == [1]
+    assert list(h.pool.live) == ["server://replica-0"] and h.balanced() == ["server://replica-0"] and h.shut == [1]
     assert re.fullmatch(
-        r"replica 1 \(hf://replica-1\) lost at step 4: found dead before the weight sync \(silent for \d+\.\d s: no "
+        r"replica 1 \(server://replica-1\) lost at step 4: found dead before the weight sync \(silent for \d+\.\d s: no "
         r"answer to a liveness probe within async_training\.elastic\.silent_timeout_s=1 s \(Ray reports the actor "
         r"ALIVE\)\)",
         str(h.pool.lost[0]),

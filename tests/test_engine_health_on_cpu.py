@@ -54,9 +54,7 @@ def test_engine_failure_reads_what_vllm_says_of_its_engine():
 
     assert "AsyncLLM engine died" in engine_failure(SimpleNamespace(engine=AsyncLLM()))
     assert engine_failure(SimpleNamespace(engine=SimpleNamespace(errored=False))) is None
-    assert (
-        engine_failure(SimpleNamespace(engine=object())) is None
-    )  # the hf engine has no such flag: it lives in the actor
+    assert engine_failure(SimpleNamespace(engine=object())) is None  # an engine without the flag
     assert engine_failure(object()) is None
 
 

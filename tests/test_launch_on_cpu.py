@@ -1,5 +1,5 @@
 """What a launch sets up before Ray starts (``launch.prepare_config``, ``verl_plugin``): backends found by their
-registered names in every worker, and configs written for the flat layout before the sub-packages still run."""
+registered names in every worker, and every problem reported at once, as one list."""
 
 from __future__ import annotations
 
@@ -17,23 +17,8 @@ from omegaconf import OmegaConf
 
 from recipe.one_step_off_async import verl_plugin
 from recipe.one_step_off_async.errors import ConfigError, LaunchProblems
-from recipe.one_step_off_async.launch import check_command_line, prepare_config, problems_reported, upgrade_module_paths
+from recipe.one_step_off_async.launch import check_command_line, prepare_config, problems_reported
 from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
-
-OLD_LAYOUT = {
-    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
-        "recipe.one_step_off_async.file_checkpoint_engine",
-        None,
-    ),
-    "actor_rollout_ref.rollout.checkpoint_manager_class": (
-        "recipe.one_step_off_async.sync_timing.TimedCheckpointEngineManager",
-        "recipe.one_step_off_async.weight_sync.timing.TimedCheckpointEngineManager",
-    ),
-    "actor_rollout_ref.actor.policy_loss._target_": (
-        "recipe.one_step_off_async.policy_losses.OffPolicyLossConfig",
-        "recipe.one_step_off_async.losses.OffPolicyLossConfig",
-    ),
-}
 
 
 def compose_cpu(*overrides: str):
@@ -44,12 +29,10 @@ def compose_cpu(*overrides: str):
 PROBE = """
 import json, verl
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
-from verl.workers.rollout.replica import RolloutReplicaRegistry
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 print(json.dumps({
     "gloo": CheckpointEngineRegistry.get("gloo").__module__,
     "checkpoint": CheckpointEngineRegistry.get("checkpoint").__module__,
-    "hf": RolloutReplicaRegistry.get("hf").__module__,
     "topr": get_policy_loss_fn("topr").__module__,
 }))
 """
@@ -64,37 +47,8 @@ def test_a_worker_importing_verl_finds_every_recipe_backend_by_its_registered_na
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
         "gloo": "recipe.one_step_off_async.weight_sync.gloo",
         "checkpoint": "recipe.one_step_off_async.weight_sync.files",
-        "hf": "recipe.one_step_off_async.rollout.hf.replica",
         "topr": "recipe.one_step_off_async.losses",
     }
-
-
-def test_old_module_paths_are_rewritten_with_a_notice_naming_the_new_setting():
-    config = compose_cpu(
-        *(f"++{key}={old}" for key, (old, _) in OLD_LAYOUT.items()),
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
-        "'recipe.one_step_off_async.cpu,mine.plugin,recipe.one_step_off_async.policy_losses'",
-    )
-    notices = upgrade_module_paths(config)
-    for key, (old, new) in OLD_LAYOUT.items():
-        assert OmegaConf.select(config, key) == new
-        assert any(f"{key}={old}" in notice and (new is None or f"set {key}={new}" in notice) for notice in notices)
-    assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == "mine.plugin"
-    assert len(notices) == 4
-    assert upgrade_module_paths(config) == []  # the new layout's config needs nothing
-
-
-@pytest.mark.usefixtures("demo_assets")
-def test_a_launch_with_the_old_layouts_keys_runs_with_a_future_warning():
-    config = compose_cpu(
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint",
-        "++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
-        "recipe.one_step_off_async.file_checkpoint_engine",
-    )
-    with pytest.warns(FutureWarning, match="custom_backend_module=.* is no longer needed"):
-        prepare_config(config)
-    assert config.actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module is None
-    assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.startswith(verl_plugin.__name__)
 
 
 class OwnAgentLoopManager(OneStepOffAgentLoopManager):
@@ -170,7 +124,7 @@ def test_a_command_line_hydra_cannot_compose_reports_its_config_name(monkeypatch
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     with pytest.raises(SystemExit):
         check_command_line(["--config-name=one_step_off_ppo_gpu", "trainer.nnodes=1"], "one_step_off_ppo_trainer")
-    assert "  1. --config-name=one_step_off_ppo_gpu: no such config. The recipe's are one_step_off_ppo_trainer, " in (
+    assert "  1. --config-name=one_step_off_ppo_gpu: no such config. The recipe's are one_step_off_ppo_1gpu, " in (
         capsys.readouterr().err
     )
     # Hydra's own flags and a composable command line are left to hydra.main.

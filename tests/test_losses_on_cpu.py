@@ -29,7 +29,7 @@ from verl.workers.config import ActorConfig
 from recipe.one_step_off_async import launch, losses, verl_plugin
 from recipe.one_step_off_async.async_config import validate_config
 from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
-from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, validate_policy_loss
+from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, policy_loss_problems
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PARAMS = {  # not the defaults, so a key that does not reach the loss shows
@@ -315,7 +315,7 @@ def test_losses_take_the_arguments_verl_passes():
 def test_bad_loss_config_names_the_key(overrides, message):
     config = compose_config(*overrides)
     with pytest.raises(ConfigError, match=message):
-        validate_policy_loss(config)
+        policy_loss_problems(config).raise_any()
     with pytest.raises(ConfigError, match=message):  # the launch runs it before Ray starts
         launch.prepare_config(config)
 
@@ -330,7 +330,7 @@ def test_every_problem_of_the_loss_keys_is_reported_at_once():
         "+actor_rollout_ref.actor.policy_loss.tis_lower_bound=2",
     )
     with pytest.raises(ConfigError) as caught:
-        validate_policy_loss(config)
+        policy_loss_problems(config).raise_any()
     assert [problem.split("=")[0].split(";")[0] for problem in caught.value.problems] == [
         "Unknown key(s) actor_rollout_ref.actor.policy_loss.kimi_tau",
         "actor_rollout_ref.actor.policy_loss.topr_split",
@@ -343,21 +343,23 @@ def test_every_problem_of_the_loss_keys_is_reported_at_once():
 def test_the_loss_check_leaves_verls_own_sections_under_policy_loss_to_verl():
     """Only the recipe's loss keys are checked: a key of a verl section nested there (``rollout_correction``, which
     verl fills at run time) is verl's to accept or refuse."""
-    validate_policy_loss(compose_config("+actor_rollout_ref.actor.policy_loss.rollout_correction.a_newer_verl_key=1"))
+    assert not policy_loss_problems(
+        compose_config("+actor_rollout_ref.actor.policy_loss.rollout_correction.a_newer_verl_key=1")
+    ).problems
 
 
 @pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
 def test_good_loss_config_validates(loss):
     config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}")
     validate_config(config)
-    validate_policy_loss(config)
-    validate_policy_loss(compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items())))
-    validate_policy_loss(
-        compose_config(
-            "+actor_rollout_ref.actor.policy_loss.topr_split=advantage",
-            "+actor_rollout_ref.actor.policy_loss.cispo_use_unified_mask=true",
-        )
+    assert not policy_loss_problems(config).problems
+    params = compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items()))
+    assert not policy_loss_problems(params).problems
+    options = compose_config(
+        "+actor_rollout_ref.actor.policy_loss.topr_split=advantage",
+        "+actor_rollout_ref.actor.policy_loss.cispo_use_unified_mask=true",
     )
+    assert not policy_loss_problems(options).problems
 
 
 def test_an_override_reaches_the_actor_config():
@@ -371,7 +373,7 @@ def test_an_override_reaches_the_actor_config():
     with pytest.raises(Exception, match="kimi15_tau"):
         omega_conf_to_dataclass(verls.actor_rollout_ref.actor)
     with pytest.raises(ConfigError, match="_target_"):  # refused before Ray starts, naming the key
-        validate_policy_loss(verls)
+        policy_loss_problems(verls).raise_any()
     config = compose_config(*keys)
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     assert isinstance(actor.policy_loss, OffPolicyLossConfig)

@@ -422,34 +422,27 @@ def _disrm_request(engine: str, worker_class) -> tuple[list, object]:
         return {"data": [{"probs": [0.25]}]}
 
     worker._preprocess_reward_inputs, worker._post_request = preprocess, post
-    try:
-        result = asyncio.run(worker.compute_score_disrm("sample"))
-    except NotImplementedError as error:
-        result = error
-    return posted, result
+    return posted, asyncio.run(worker.compute_score_disrm("sample"))
 
 
-def test_verl_still_scores_a_reward_model_only_on_its_own_engines_without_extra_info():
-    """Why trainer/reward_loop.py gives ``hf`` vLLM's /classify request (and that it is verl's), and every engine's
-    result the ``reward_extra_info`` verl's agent loop reads."""
+def test_verl_still_names_the_reward_model_in_its_classify_request_and_returns_no_extra_info():
+    """Why trainer/reward_loop.py sends vLLM's /classify request without the model's name (and that it is verl's),
+    and every engine's result the ``reward_extra_info`` verl's agent loop reads."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
 
     from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopWorker
 
-    posted, result = _disrm_request("hf", RewardLoopWorker)
-    assert not posted and isinstance(result, NotImplementedError)
     # verl's agent loop reads a reward_extra_info that verl's scoring does not return (verl issue #7368).
     assert 'result["reward_extra_info"]' in inspect.getsource(AgentLoopWorker._compute_score)
     verl_posted, verl_result = _disrm_request("vllm", RewardLoopWorker)
     assert verl_result == {"reward_score": 0.25}
     # verl names the model by reward.reward_model.model_path, which a replica may serve under another name (the
-    # path it loaded it from). The subclass sends verl's vLLM request without the name, to vLLM and to hf alike.
+    # path it loaded it from). The subclass sends verl's vLLM request without the name.
     [(verl_payload, endpoint)] = verl_posted
     assert verl_payload["model"] == "/rm" and endpoint == "classify"
     unnamed = [({key: value for key, value in verl_payload.items() if key != "model"}, endpoint)]
     fixed = {"reward_score": 0.25, "reward_extra_info": {}}
-    assert _disrm_request("hf", OneStepOffRewardLoopWorker) == (unnamed, fixed)
     assert _disrm_request("vllm", OneStepOffRewardLoopWorker) == (unnamed, fixed)
     # verl's manager creates its workers from the class attribute the subclass sets first.
     manager_init = inspect.getsource(RewardLoopManager.__init__)

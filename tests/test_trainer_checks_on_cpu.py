@@ -68,13 +68,12 @@ def test_the_actor_gets_what_verls_generation_step_adds_to_a_batch():
     rollout = StubRollout(log)
     sync = StubWeightSync(log, rollout)
     trainer = build_trainer(compose_config("trainer.total_training_steps=2"), log, rollout, sync)
-    seen, slept = [], []
+    seen = []
     update = trainer._update_actor
     trainer._update_actor = lambda b: seen.append(b) or update(b)
-    sync.sleep_replicas = lambda: slept.append(trainer.global_steps)
     trainer.fit()
     assert len(seen) == 2
-    assert slept == []  # verl's step would put the replicas to sleep while they generate the batches ahead
+    assert log.of("replica_sleep") == []  # verl's step would put the replicas to sleep while they generate ahead
     for trained in seen:
         assert trained.meta_info["images_seqlens"] == []  # text-only batch: none, but the key is verl's
         assert len(trained.meta_info["global_token_num"]) == len(trained)
@@ -83,38 +82,33 @@ def test_the_actor_gets_what_verls_generation_step_adds_to_a_batch():
 
 
 class StatsServer:
-    """A rollout server handle as ``EngineStatsReader`` sees it: ``engine_stats.remote()`` gives its counters."""
+    """A vLLM server actor as ``EngineStatsReader`` sees it: ``__ray_call__.remote(f)`` gives its counters (or
+    what ``answer`` returns instead: None for a server with its statistics off)."""
 
-    def __init__(self, ray, **counters) -> None:
-        self.ray, self.counters = ray, {"steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0, "busy_s": 0.0}
-        self.counters |= {"max_num_seqs": 4, **counters}
-        self.engine_stats = SimpleNamespace(remote=lambda: self.ray.put(dict(self.counters)))
+    def __init__(self, ray, answer=None, **counters) -> None:
+        self.counters = {"steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0, "max_num_seqs": 4, **counters}
+        self.__ray_call__ = SimpleNamespace(remote=lambda function: ray.put((answer or self.snapshot)()))
 
-    def advance(self, steps: int, rows: int, busy_s: float) -> None:
-        for key, value in (("steps", steps), ("rows", rows), ("tokens", rows), ("busy_s", busy_s)):
+    def snapshot(self) -> dict:
+        return dict(self.counters)
+
+    def advance(self, steps: int, rows: int) -> None:
+        for key, value in (("steps", steps), ("rows", rows), ("tokens", rows)):
             self.counters[key] += value
-
-
-class RayCallServer:
-    """A server actor of another engine (vLLM) as ``EngineStatsReader`` sees it: ``__ray_call__.remote(f)`` gives
-    what ``answer()`` returns."""
-
-    def __init__(self, ray, answer) -> None:
-        self.__ray_call__ = SimpleNamespace(remote=lambda function: ray.put(answer()))
 
 
 def test_engine_stats_are_per_step_differences_summed_over_the_servers_that_report_them(cpu_ray):
     first, second = StatsServer(cpu_ray), StatsServer(cpu_ray, max_num_seqs=8)
     # The last one reports nothing (a vLLM server with its statistics off), the one before is not an actor.
-    silent = RayCallServer(cpu_ray, lambda: None)
+    silent = StatsServer(cpu_ray, answer=lambda: None)
     servers = [first, second, object(), silent]
     reader = EngineStatsReader(lambda: servers)
-    first.advance(steps=10, rows=20, busy_s=0.5)
-    second.advance(steps=10, rows=40, busy_s=0.5)
+    first.advance(steps=10, rows=20)
+    second.advance(steps=10, rows=40)
     metrics = reader.metrics()
     assert metrics["rollout/slot_occupancy"] == pytest.approx(60 / (10 * 4 + 10 * 8))
-    assert metrics["rollout/busy_tokens_per_s"] == pytest.approx(60 / 1.0)
-    first.advance(steps=5, rows=20, busy_s=0.25)
+    assert metrics["rollout/tokens"] == 60
+    first.advance(steps=5, rows=20)
     servers.remove(second)  # a replica left the pool
     metrics = reader.metrics()
     assert metrics["rollout/slot_occupancy"] == 1.0 and metrics["rollout/tokens"] == 20
@@ -145,16 +139,3 @@ def test_a_vllm_servers_counters_come_from_its_engines_prometheus_statistics():
     cached.labels(*engine).inc(4)
     counters = vllm_engine_counters(server, registry)
     assert counters == {"steps": 3, "rows": 10, "tokens": 10, "prefill_tokens": 6, "max_num_seqs": 8}
-
-
-def test_with_a_vllm_server_in_the_pool_occupancy_is_reported_and_busy_time_is_not(cpu_ray):
-    counters = {"steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0, "max_num_seqs": 4}
-    vllm = RayCallServer(cpu_ray, lambda: dict(counters))
-    hf = StatsServer(cpu_ray)
-    reader = EngineStatsReader(lambda: [vllm, hf])
-    reader.metrics()
-    counters |= {"steps": 10, "rows": 30, "tokens": 30}
-    hf.advance(steps=10, rows=10, busy_s=0.5)
-    metrics = reader.metrics()
-    assert metrics["rollout/slot_occupancy"] == pytest.approx(40 / (10 * 4 + 10 * 4))
-    assert "rollout/busy_tokens_per_s" not in metrics and "rollout/busy_s" not in metrics

@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+from verl.utils.import_utils import load_class_from_fqn
 from verl.workers.rollout.llm_server import LLMServerManager
 
 from recipe.one_step_off_async.errors import (
@@ -21,6 +22,7 @@ from recipe.one_step_off_async.errors import (
     WeightVersionError,
 )
 from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
+from recipe.one_step_off_async.trainer.sync_manager import OneStepOffCheckpointManager
 
 TOTAL_STEPS = 6
 FAIL_WITHIN_S = 10  # a failure surfaces at once, or right after its timeout (0.3 s here)
@@ -79,6 +81,15 @@ def test_each_batch_is_generated_with_weights_from_step_k_minus_1_minus_s(stalen
         for key in ("timing_s/step", "timing_s/wait_prev_gen", "timing_s/sync_weights", "timing_s/gen"):
             assert metrics[key] >= 0
         assert 0 < metrics["async/overlap_efficiency"] <= 1.01  # two clocks: timer vs wall time
+
+
+def test_verl_builds_the_trainers_weight_sync_manager_which_never_puts_the_replicas_to_sleep():
+    """verl's init_workers builds the manager its config names, which the trainer sets to its own; verl's generation
+    step, run on every step's finished batch, would put the replicas to sleep with verl's manager."""
+    trainer, log = run(1)
+    fqn = trainer.config.actor_rollout_ref.rollout.checkpoint_manager_class
+    assert load_class_from_fqn(fqn, "CheckpointEngineManager") is OneStepOffCheckpointManager
+    assert len(log.of("update")) == TOTAL_STEPS and log.of("replica_sleep") == []
 
 
 def test_data_order_is_the_dataloader_order_for_every_staleness():

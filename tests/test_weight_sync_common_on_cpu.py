@@ -54,7 +54,7 @@ class _StubEngine(SingleSourceEngine):
     ("engine", "meeting", "key"),
     [
         (GlooCheckpointEngine, StoreAddress(host="10.0.0.1", port=1234), "store_address"),
-        (FileCheckpointEngine, WeightsLocation(dir="/weights", run_id="r", sync_id="s"), "location"),
+        (FileCheckpointEngine, WeightsLocation(dir="/weights", sync_id="s"), "location"),
     ],
     ids=["gloo", "checkpoint"],
 )

@@ -20,6 +20,7 @@ import asyncio
 import errno
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
 import recipe.one_step_off_async.weight_sync.files as file_engine
@@ -142,7 +143,13 @@ def _assert_exactly(received: dict[str, Any], seed: int, version: int) -> None:
 
 
 def _versions(folder: Path) -> list[str]:
-    return sorted(entry.name for entry in folder.iterdir() if entry.name != LOCK)
+    """The version folders, without their sync ids: ``v2``, or ``v2.tmp`` for one a writer did not finish."""
+    return sorted(re.sub(r"-[0-9a-f]+", "", entry.name) for entry in folder.iterdir() if entry.name != LOCK)
+
+
+def _version_folder(folder: Path, version: int) -> Path:
+    (found,) = folder.glob(f"v{version}-*")
+    return found
 
 
 # --- fast tests -----------------------------------------------------------------------------------
@@ -162,7 +169,7 @@ def test_verl_config_selects_the_engine_and_the_recipe_accepts_it(tmp_path):
             name: compose(config_name=name, overrides=overrides)
             for name in ("one_step_off_ppo_cpu", "one_step_off_ppo_trainer")
         }
-    for config in configs.values():  # hf on CPU, vllm on GPUs
+    for config in configs.values():  # the CPU and the GPU profile
         validate_config(config)
     engine_config = omega_conf_to_dataclass(configs["one_step_off_ppo_cpu"].actor_rollout_ref.rollout.checkpoint_engine)
     # What verl's ActorRolloutRefWorker and CheckpointEngineWorker do with that config:
@@ -179,7 +186,7 @@ def test_verl_config_selects_the_engine_and_the_recipe_accepts_it(tmp_path):
 
 def test_syncs_deliver_every_tensor_exactly_as_safetensors(tmp_path):
     workers = _Workers(tmp_path)
-    for version in (1, 2, 3, 4):  # from v3 on, the version before last is removed before each write
+    for version in (1, 2, 3, 4):  # each write first removes the version before it
         for received in workers.sync(seed=version, version=version):
             _assert_exactly(received, seed=version, version=version)
     assert workers.metrics["checkpoint_engine/files"] > 2
@@ -191,7 +198,7 @@ def test_syncs_deliver_every_tensor_exactly_as_safetensors(tmp_path):
         assert list(received["tensors"]) == list(fewer)
     # Standard safetensors files: any tool can load a version.
     loaded = {}
-    for shard in sorted((tmp_path / "v5").glob("*.safetensors")):
+    for shard in sorted(_version_folder(tmp_path, 5).glob("*.safetensors")):
         loaded |= load_file(shard)
     assert {name: (t.dtype, t.shape) for name, t in loaded.items()} == {
         name: (t.dtype, t.shape) for name, t in fewer.items()
@@ -235,35 +242,48 @@ def test_a_new_default_folder_removes_those_of_dead_writers_only():
         shutil.rmtree(dead, ignore_errors=True)
 
 
-def test_old_versions_are_removed_once_every_receiver_loaded_a_newer_one(tmp_path):
+def test_each_write_first_removes_the_versions_before_it_and_a_killed_writers_leftovers(tmp_path):
+    """The previous sync returned, so every receiver loaded its version: the folder holds one version at a time."""
     workers = _Workers(tmp_path)
     workers.sync(seed=1, version=1)
     workers.sync(seed=2, version=2)
-    assert _versions(tmp_path) == ["v1", "v2"]
-    assert sorted(p.name for p in (tmp_path / "v2").glob("loaded-*")) == ["loaded-1", "loaded-2"]
-    workers.sync(seed=3, version=3, receivers=[0])  # rollout rank 2 does not load v3
-    assert _versions(tmp_path) == ["v2", "v3"]
-    workers.sync(seed=4, version=4)  # v2 is the newest version all loaded: v3 stays
-    assert _versions(tmp_path) == ["v2", "v3", "v4"]
-    (tmp_path / "v4.tmp-0123abcd").mkdir()  # what a writer killed mid-version leaves
-    workers.sync(seed=5, version=5)
-    assert _versions(tmp_path) == ["v4", "v5"]
+    assert _versions(tmp_path) == ["v2"]
+    (tmp_path / "v3-0123abcd.tmp").mkdir()  # what a writer killed mid-version leaves
+    (tmp_path / "v9-4567cdef").mkdir()  # an earlier run's version
+    (tmp_path / "notes").mkdir()  # not the engine's: kept
+    workers.sync(seed=4, version=4)
+    assert _versions(tmp_path) == ["notes", "v4"]
     assert workers.metrics["checkpoint_engine/versions_removed"] == 2
 
 
-def test_full_disk_is_a_clear_error_and_leaves_no_partial_version(tmp_path, monkeypatch):
-    workers = _Workers(tmp_path)
-    workers.sync(seed=1, version=1)
+def _full_disk_at_the_second_shard(real_save):
     written = []
-    real_write = file_engine._write_file
 
-    def write_until_full(path, tensors):
+    def save(tensors, path, metadata):
         if written:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         written.append(path)
-        return real_write(path, tensors)
+        real_save(tensors, path, metadata)
 
-    monkeypatch.setattr(file_engine, "_write_file", write_until_full)
+    return save, "No space left on device", "is full: free space there"
+
+
+def _io_error_after_half_a_file(real_save):
+    def save(tensors, path, metadata):
+        real_save(tensors, path, metadata)
+        os.truncate(path, os.path.getsize(path) // 2)
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    return save, "Input/output error", "check that actor rank 0 can create and write files"
+
+
+@pytest.mark.parametrize("failure", [_full_disk_at_the_second_shard, _io_error_after_half_a_file])
+def test_a_failed_write_is_a_clear_error_and_leaves_no_partial_version(tmp_path, monkeypatch, failure):
+    workers = _Workers(tmp_path)
+    workers.sync(seed=1, version=1)
+    real_save = file_engine.save_file
+    failing_save, error, fix = failure(real_save)
+    monkeypatch.setattr(file_engine, "save_file", failing_save)
     walked = []
 
     def weights():
@@ -272,78 +292,31 @@ def test_full_disk_is_a_clear_error_and_leaves_no_partial_version(tmp_path, monk
             yield name, tensor
 
     workers.join()
-    with pytest.raises(WeightSyncError) as failure:
+    with pytest.raises(WeightSyncError) as failed:
         asyncio.run(workers.writer.send_weights(weights(), global_steps=2))
     workers.finalize()
-    message = str(failure.value)
+    message = str(failed.value)
     assert f"writing weight version 2 to {tmp_path} failed" in message
-    assert "No space left on device" in message and f"{tmp_path} is full" in message and DIR_KEY in message
+    assert error in message and fix in message and DIR_KEY in message
     assert walked == list(_weights(2)), "the other actor ranks' all-gathers must be seen through"
-    assert _versions(tmp_path) == ["v1"]
-    # Once there is room again, the next sync works.
-    monkeypatch.setattr(file_engine, "_write_file", real_write)
+    assert _versions(tmp_path) == []
+    # Once the disk works again, the next sync does too.
+    monkeypatch.setattr(file_engine, "save_file", real_save)
     _assert_exactly(workers.sync(seed=3, version=3)[0], seed=3, version=3)
 
 
-def test_writer_raising_mid_file_leaves_the_previous_version_loadable(tmp_path, monkeypatch):
-    workers = _Workers(tmp_path)
-    workers.sync(seed=1, version=1)
-    v1 = WeightsLocation(dir=str(tmp_path), run_id=workers.writer.run_id, sync_id=_manifest_sync_id(tmp_path / "v1"))
-
-    def write_half_then_fail(path, tensors):
-        save_file(tensors, path)
-        os.truncate(path, os.path.getsize(path) // 2)
-        raise OSError(errno.EIO, "Input/output error", str(path))
-
-    monkeypatch.setattr(file_engine, "_write_file", write_half_then_fail)
-    workers.join()
-    with pytest.raises(WeightSyncError, match=r"writing weight version 2 .* Input/output error"):
-        asyncio.run(workers.writer.send_weights(iter(_weights(2).items()), global_steps=2))
-    workers.finalize()
-    assert _versions(tmp_path) == ["v1"]
-    # v1 is whole: a receiver told to load it (its sync's location) gets it, verified.
-    receiver = workers.receivers[0]
-    receiver.init_process_group(rank=1, world_size=3, location=v1)
-    _assert_exactly(asyncio.run(_receive(receiver, 1)), seed=1, version=1)
-    receiver.finalize()
-
-
-def _manifest_sync_id(version_dir: Path) -> str:
-    return file_engine._read_manifest(version_dir)["sync_id"]
-
-
-def _truncate(shard: Path) -> str:
-    os.truncate(shard, shard.stat().st_size - 10)
-    return "bytes but its manifest says"
-
-
-def _retype(shard: Path) -> str:
-    """The same bytes, the fp32 tensors stored as int32: a file of the same size that another program wrote."""
-    tensors = load_file(shard)
-    retyped = {name: t.view(torch.int32) if t.dtype == torch.float32 else t for name, t in tensors.items()}
-    save_file(retyped, shard, metadata={"format": "pt"})
-    return "as int32 .*, its manifest says float32"
-
-
-def _scramble_header(shard: Path) -> str:
-    with open(shard, "r+b") as file:
-        file.seek(8)
-        file.write(b"#" * 16)
-    return "is no safetensors file"
-
-
-@pytest.mark.parametrize("damage", [_truncate, _retype, _scramble_header], ids=["truncated", "foreign", "garbled"])
-def test_a_shard_changed_after_it_was_written_fails_the_receiver_naming_it(tmp_path, damage):
+def test_a_version_that_cannot_be_read_fails_the_receiver_naming_it(tmp_path):
     workers = _Workers(tmp_path, receivers=1)
     workers.sync(seed=1, version=1)
-    manifest = file_engine._read_manifest(tmp_path / "v1")
-    name = next(f["name"] for f in manifest["files"] if any(t["dtype"] == "float32" for t in f["tensors"]))
-    expected = damage(tmp_path / "v1" / name)
+    folder = _version_folder(tmp_path, 1)
+    with open(next(folder.glob("shard-*")), "r+b") as file:
+        file.seek(8)
+        file.write(b"#" * 16)  # a garbled header
     receiver = workers.receivers[0]
     receiver.init_process_group(
-        rank=1, world_size=2, location=WeightsLocation(str(tmp_path), workers.writer.run_id, manifest["sync_id"])
+        rank=1, world_size=2, location=WeightsLocation(str(tmp_path), sync_id=folder.name.split("-")[1])
     )
-    with pytest.raises(WeightSyncError, match=f"{tmp_path / 'v1' / name}.*{expected}"):
+    with pytest.raises(WeightSyncError, match=f"failed reading weight version 1 from {folder}"):
         asyncio.run(_receive(receiver, 1))
     receiver.finalize()
 
@@ -373,13 +346,12 @@ def test_writer_killed_mid_version_leaves_no_half_version(tmp_path):
     workers.sync(seed=1, version=1)
     killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], capture_output=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-3000:]
-    leftovers = [name for name in _versions(tmp_path) if name.startswith("v2.tmp-")]
-    assert len(leftovers) == 1 and list((tmp_path / leftovers[0]).glob("shard-*")), "it died mid-version"
-    assert "v2" not in _versions(tmp_path)
+    assert _versions(tmp_path) == ["v2.tmp"]  # v1 was removed before the write began
+    assert list(next(tmp_path.glob("v2-*.tmp")).glob("shard-*")), "it died mid-version"
     # A receiver waiting for v2 from that writer would time out; a restarted writer writes v2 again,
     # removes the dead one's leftovers and the receiver loads the new v2.
     _assert_exactly(workers.sync(seed=2, version=2)[0], seed=2, version=2)
-    assert _versions(tmp_path) == ["v1", "v2"]
+    assert _versions(tmp_path) == ["v2"]
 
 
 def test_receiver_waiting_for_a_version_that_never_comes_fails_within_its_timeout(tmp_path):
@@ -416,7 +388,7 @@ def test_a_version_of_another_run_is_replaced_never_loaded(tmp_path):
 
 def test_receiver_that_cannot_see_the_folder_names_the_key_to_fix(tmp_path):
     receiver = FileCheckpointEngine(bucket_size=SHARD)
-    location = WeightsLocation(dir=str(tmp_path / "on-another-node"), run_id="r", sync_id="s")
+    location = WeightsLocation(dir=str(tmp_path / "on-another-node"), sync_id="s")
     with pytest.raises(WeightSyncError, match=f"cannot see the weights folder .*{DIR_KEY}"):
         receiver.init_process_group(rank=1, world_size=2, location=location)
 
@@ -603,4 +575,4 @@ def test_fsdp2_actor_syncs_exactly_and_bit_identically_through_both_engines(ray_
         if previous is not None:
             assert any(not torch.equal(previous[name], tensor) for name, tensor in actor_state.items())
         previous = actor_state
-    assert _versions(tmp_path / "weights") == ["v2", "v3"]
+    assert _versions(tmp_path / "weights") == ["v3"]

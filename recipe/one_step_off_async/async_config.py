@@ -1,15 +1,16 @@
-"""The recipe's own config keys (``async_training``) and the rules a config must keep before a launch starts.
+"""The recipe's own config keys (``async_training``) and what a config must keep before a launch starts.
 
 What: ``AsyncTrainingConfig`` and ``ElasticConfig`` declare the ``async_training`` keys, each field's help and
-range once, in its metadata (``schema.Check``); ``RULES`` is the one table of cross-key rules ("when K1 = v,
-K2 must be w") over verl's keys and ours, in the order a launch reports them; the size arithmetic no row can
-say (replicas per pool, batches per rank) stays in functions. ``validate_config`` parses the section, walks
-the table, runs the functions, and raises one ``ConfigError`` naming every problem, each with the key and the
-fix. ``AsyncTrainingConfig.from_config`` only parses (the trainer's call: the launch has validated).
+range once, in its metadata (``schema.Check``); each section validates itself when it is built. The cross-key
+checks over verl's keys and ours ("when K1 = v, K2 must be w") are plain functions, one per feature, each
+returning its problems with the key and the fix; ``config_problems`` calls them in the order a launch reports
+them and adds up what they return (a check that needs a value an earlier one refused is listed as skipped).
+``validate_config`` raises them as one ``ConfigError`` and returns the parsed section.
 
 Why: ``launch.check_launch`` runs it before Ray or any worker starts, so a bad config costs seconds, not a
 cluster allocation. It reads only the config (no files, no backend imports: ``preflight`` checks the disk
-and this machine); tests/test_support_matrix_on_cpu.py reads the table.
+and this machine). What verl's own validation refuses before Ray (``verl.utils.config.validate_config``) is
+left to it; what verl refuses only inside a Ray worker (``RolloutConfig.__post_init__``) is checked here.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, HF, ROLLOUT_BACKENDS, VLLM, rollout_backends_on
-from recipe.one_step_off_async.errors import ConfigError, Problems
-from recipe.one_step_off_async.schema import Check, Rule, Values, check_fields, check_rules, parse_section
+from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, ROLLOUT_BACKENDS, VLLM, rollout_backends_on
+from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.schema import Check, Problems, check_fields, parse_section
 
 # The weight-sync engines that follow a rollout pool whose membership changes between syncs, those whose sync
 # aborts, loads and resumes the replicas, and the rollout backends whose abort keeps the tokens so far.
@@ -31,6 +32,14 @@ PARTIAL_ROLLOUT_CHECKPOINT_ENGINES = tuple(
     name for name, engine in CHECKPOINT_ENGINES.items() if engine.aborts_and_resumes
 )
 PARTIAL_ROLLOUT_BACKENDS = tuple(name for name, backend in ROLLOUT_BACKENDS.items() if backend.resumes_aborted)
+
+# The rollout settings partial rollout cannot keep, and why: a sync interrupts requests and resumes them.
+PARTIAL_ROLLOUT_EXCLUDES = {
+    "enable_rollout_routing_replay": "the MoE routing of a request resumed under new weights is not carried across "
+    "its segments",
+    "full_determinism": "a run is reproducible only if every request sees the same weights, and here a sync "
+    "interrupts requests at a point that depends on timing",
+}
 
 CONSOLE_FORMATS = ("compact", "verl")
 # A replica's devices: the product of these sizes of its rollout config.
@@ -55,45 +64,36 @@ SECONDS = Check(above=0, unit="seconds")
 
 @dataclass(frozen=True)
 class ElasticConfig:
-    """``async_training.elastic``: the rollout pool survives lost replicas and takes in new ones."""
+    """``async_training.elastic``: the rollout pool survives lost replicas and takes in new ones (each key's reason
+    is in config/one_step_off_base.yaml)."""
 
     enable: bool = field(
         default=False,
         metadata={
-            "help": "A rollout replica that dies is dropped and its requests are generated again on the others; "
-            "replicas can be added or removed while the job runs (python -m recipe.one_step_off_async.scale). "
-            "false: a lost replica fails the run."
+            "help": "Drop a replica that dies and generate its requests on the others; replicas join or "
+            "leave a running job (python -m recipe.one_step_off_async.scale). false: a lost replica fails the run."
         },
     )
     min_replicas: int = field(
         default=1,
-        metadata={
-            "help": "Fewer live replicas than this fails the run, naming the replicas that were lost.",
-            "check": Check(at_least=1),
-        },
+        metadata={"help": "Fewer live replicas than this fails the run.", "check": Check(at_least=1)},
     )
     max_replicas: int | None = field(
         default=None,
         metadata={
-            "help": "Grow the pool up to this many replicas whenever the Ray cluster has room for one more (a "
-            "node joined). null: only the scale command adds replicas.",
+            "help": "Grow up to this many replicas when the cluster has room for one more.",
             "check": Check(at_least=1, null="no automatic growth"),
         },
     )
     start_timeout_s: float = field(
         default=1800.0,
-        metadata={
-            "help": "Longest a new replica may take to be placed and load its engine; then it is abandoned.",
-            "check": SECONDS,
-        },
+        metadata={"help": "Longest a new replica may take to be placed and load its engine.", "check": SECONDS},
     )
     silent_timeout_s: float = field(
         default=120.0,
         metadata={
-            "help": "A replica that does not answer a liveness probe for this long is lost, like a dead one. The "
-            "probe runs before each weight sync and after a failed generation or sync; a busy replica answers "
-            "when it gets to it, so only silence past this bound counts. A hung replica delays that sync by this "
-            "much, then is dropped (otherwise the sync would hang on it until sync_timeout_s and fail the run).",
+            "help": "A replica that does not answer a liveness probe (before each sync, after a failure) this long "
+            "is lost, like a dead one; a busy replica answers late and stays.",
             "check": SECONDS,
         },
     )
@@ -104,62 +104,48 @@ class ElasticConfig:
 
 @dataclass(frozen=True)
 class AsyncTrainingConfig:
-    """``async_training``: how far generation runs ahead of training, and how long to wait."""
+    """``async_training``: how far generation runs ahead of training, and how long to wait (each key's reason is in
+    config/one_step_off_base.yaml)."""
 
     staleness: int = field(
         default=1,
         metadata={
-            "help": "Generation batches in flight while the actor trains. The batch trained at step k was "
-            "generated with the weights after step k-1-staleness. 0 = synchronous baseline, 1 = one-step-off.",
+            "help": "Generation batches in flight while the actor trains: the batch trained at step k was "
+            "generated with the weights after step k-1-staleness.",
             "check": Check(at_least=0, note="0 = synchronous, 1 = one-step-off, s = s batches in flight"),
         },
     )
     sync_interval: int = field(
         default=1,
         metadata={
-            "help": "Push the actor's weights to the rollout every N training steps (and on every validation "
-            "and checkpoint step; not before trainer.critic_warmup, while the actor does not update); in between, "
-            "the rollout keeps generating with the last version it received.",
+            "help": "Push the actor's weights to the rollout every N training steps (and on every validation and "
+            "checkpoint step; not before trainer.critic_warmup).",
             "check": Check(at_least=1, note="1 = push weights after every step, N = every N steps"),
         },
     )
     partial_rollout: bool = field(
         default=False,
         metadata={
-            "help": "The batches in flight generate concurrently (oldest first) and a weight sync interrupts the "
-            "running requests instead of waiting for the rollout to go idle; they continue under the new weights "
-            "(prompt + tokens so far). Every token of the batch of step k is then sampled by a version between the "
-            "one the default mode gives the batch (v_{k-1-staleness} with sync_interval 1) and v_{k-1}, each stamped "
-            "with its version. false: a sync waits for idle, one version per batch."
+            "help": "The batches in flight generate concurrently (oldest first); a weight sync interrupts "
+            "the running requests, which continue under the new weights. false: a sync waits for idle."
         },
     )
     one_gpu: bool = field(
         default=False,
-        metadata={
-            "help": "Both pools time-share ONE physical GPU (platforms/one_gpu.py): for trying the GPU path on a "
-            "workstation; the --config-name=one_step_off_ppo_1gpu profile sets it."
-        },
+        metadata={"help": "Both pools time-share one physical GPU (platforms/one_gpu.py; the 1gpu profile)."},
     )
     generation_timeout_s: float = field(
         default=3600.0,
-        metadata={
-            "help": "Longest the trainer waits for one generation batch before failing the run.",
-            "check": SECONDS,
-        },
+        metadata={"help": "Longest wait for one generation batch before the run fails.", "check": SECONDS},
     )
     sync_timeout_s: float = field(
         default=600.0,
-        metadata={
-            "help": "Longest one actor -> rollout weight sync may take before failing the run.",
-            "check": SECONDS,
-        },
+        metadata={"help": "Longest one actor -> rollout weight sync may take.", "check": SECONDS},
     )
     console: str = field(
         default="compact",
         metadata={
-            "help": "compact: the console backend of trainer.logger prints one line of at most 160 characters per "
-            "step (step time and its split, staleness, score, validation); verl: verl's line with every metric. "
-            "The other loggers get every metric either way.",
+            "help": "The console backend of trainer.logger; the other loggers get every metric either way.",
             "check": Check(
                 choices=CONSOLE_FORMATS, note="compact: one short line per step; verl: verl's line with every metric"
             ),
@@ -173,7 +159,7 @@ class AsyncTrainingConfig:
     @classmethod
     def from_config(cls, config: DictConfig) -> AsyncTrainingConfig:
         """The ``async_training`` section of ``config`` (defaults where it has none), or one ``ConfigError``
-        naming every key or value the fields refuse; no cross-key rule (``validate_config`` has them)."""
+        naming every key or value the fields refuse; no cross-key check (``config_problems`` has them)."""
         section = OmegaConf.select(config, "async_training")
         if section is None:
             return cls()
@@ -193,432 +179,374 @@ SIZES = (
     "data.train_batch_size",
     "actor_rollout_ref.actor.ppo_mini_batch_size",
 )
-# The keys that turn LoRA on for the actor (lora.rank only on Megatron's actor).
-LORA = {
-    "rank": f"{MODEL}.lora_rank",
-    "megatron_rank": f"{MODEL}.lora.rank",
-    "adapter": f"{MODEL}.lora_adapter_path",
-    "strategy": "actor_rollout_ref.actor.strategy",
-}
+
+
+def validate_config(config: DictConfig) -> AsyncTrainingConfig:
+    """The parsed ``async_training`` section, or one ``ConfigError`` naming every problem of ``config_problems``."""
+    config_problems(config).raise_any()
+    return AsyncTrainingConfig.from_config(config)
+
+
+def config_problems(config: DictConfig) -> Problems:
+    """Every problem of the keys the recipe relies on, in the order a launch reports them: the ``async_training``
+    section, then each feature's cross-key checks, then the size arithmetic (skipped, and listed so, while a pool or
+    size it needs is refused)."""
+    found = Problems()
+    try:
+        section = AsyncTrainingConfig.from_config(config)
+    except ConfigError as error:
+        section = None
+        found += Problems.of(error)
+        found.skipped.append("the one-GPU, elastic and partial-rollout checks (they need async_training)")
+    empty_pools, bad_sizes = _not_positive(config, POOLS), _not_positive(config, SIZES)
+    found.problems += _placement_problems(config)
+    found.problems += [_empty_pool(config, key) for key in empty_pools]
+    found.problems += [f"{key}={_get(config, key)!r} must be a positive integer." for key in bad_sizes]
+    if section is not None:
+        found.problems += _one_gpu_problems(config, section)
+    found.problems += _rollout_backend_problems(config)
+    if section is not None:
+        found.problems += _elastic_problems(config, section) + _partial_rollout_problems(config, section)
+    found.problems += _reward_model_problems(config, section)
+    found.problems += _algorithm_problems(config) + _lora_problems(config) + _pipeline_problems(config)
+    if empty_pools:
+        found.skipped.append("the replica and batch sizes (they need both pools)")
+    elif bad_sizes:
+        found.skipped.append("the replica and batch sizes against the pools (they need those sizes)")
+    else:
+        found.problems += _size_problems(config, section.elastic if section is not None else None)
+    return found
+
+
+def _get(config: DictConfig, key: str, default: object = None) -> object:
+    """The value of ``key`` (``default`` where the config lacks it)."""
+    return OmegaConf.select(config, key, default=default)
 
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _pool(key: str) -> Rule:
+def _not_positive(config: DictConfig, keys: tuple[str, ...]) -> list[str]:
+    return [key for key in keys if not (_is_count(_get(config, key)) and _get(config, key) > 0)]
+
+
+def _empty_pool(config: DictConfig, key: str) -> str:
     pool = "training" if key.startswith("trainer") else "rollout"
-    return Rule(
-        {"devices": key},
-        require=lambda v: _is_count(v.devices) and v.devices > 0,
-        message=lambda v: (
-            f"{key}={v.devices!r} leaves the {pool} pool empty; the actor and the rollout replicas "
-            f"need disjoint pools of at least one device each. Set {key} to a positive integer."
-        ),
+    return (
+        f"{key}={_get(config, key)!r} leaves the {pool} pool empty; the actor and the rollout replicas need disjoint "
+        f"pools of at least one device each. Set {key} to a positive integer."
     )
 
 
-def _size(key: str) -> Rule:
-    return Rule(
-        {"size": key},
-        require=lambda v: _is_count(v.size) and v.size > 0,
-        message=lambda v: f"{key}={v.size!r} must be a positive integer.",
-    )
+def _placement_problems(config: DictConfig) -> list[str]:
+    """Disjoint pools, and a rollout through verl's server replicas (verl refuses ``mode=sync`` only inside a Ray
+    worker, in ``RolloutConfig.__post_init__``)."""
+    problems = []
+    if _get(config, "actor_rollout_ref.hybrid_engine"):
+        problems.append(
+            "actor_rollout_ref.hybrid_engine=True colocates rollout and training on the same GPUs; this recipe needs "
+            "disjoint pools. Set actor_rollout_ref.hybrid_engine=False (the recipe's configs do)."
+        )
+    mode = _get(config, f"{ROLLOUT}.mode")
+    if mode != "async":
+        problems.append(
+            f"{ROLLOUT}.mode={mode!r}: the recipe rolls out through verl's server replicas and AgentLoopManager. "
+            f"Set {ROLLOUT}.mode=async."
+        )
+    return problems
 
 
-def _vllm_on_cpu(prefix: str, **enabled_by: str) -> Rule:
-    """vLLM's CPU build refuses sleep mode ("Sleep mode is not supported on current platform") at engine start.
-    ``enabled_by``: keys that must all be true for the rule to apply."""
-    return Rule(
-        {"name": f"{prefix}.name", "device": "trainer.device", "sleep": f"{prefix}.enable_sleep_mode", **enabled_by},
-        when=lambda v: v.device == "cpu" and v.name == VLLM and all(v.get(key) for key in enabled_by),
-        require=lambda v: not v.get("sleep", True),
-        message=f"{prefix}.name={VLLM} on trainer.device=cpu: vLLM's CPU build has no sleep mode, and verl starts "
-        f"vLLM with it unless told otherwise. Set ++{prefix}.enable_sleep_mode=false (the CPU profiles do).",
-    )
+def _one_gpu_problems(config: DictConfig, section: AsyncTrainingConfig) -> list[str]:
+    """``async_training.one_gpu``: one actor rank and one single-GPU rollout replica on one CUDA GPU."""
+    pools = [_get(config, key) for key in POOLS]
+    parallel = [_get(config, f"{ROLLOUT}.{size}") for size in PARALLEL_SIZES]
+    device = _get(config, "trainer.device")
+    if not section.one_gpu or (device == "cuda" and all(size == 1 for size in (*pools, *parallel))):
+        return []
+    return [
+        "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one GPU: it needs "
+        f"trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, {ROLLOUT}.nnodes=n_gpus_per_node=1 and "
+        f"{ROLLOUT}.tensor_model_parallel_size=1 (got {device}, {pools[0]}x{pools[1]}, {pools[2]}x{pools[3]}, "
+        f"tensor x data x pipeline parallel {'x'.join(str(size) for size in parallel)})."
+    ]
 
 
-def _lora(v: Values) -> str:
-    """The LoRA keys the actor reads that are set, as a message names them (empty: full weights)."""
-    megatron_rank = v.megatron_rank if v.strategy == "megatron" else 0
-    settings = (("lora_rank", v.rank), ("lora.rank", megatron_rank), ("lora_adapter_path", v.adapter))
-    return ", ".join(f"{MODEL}.{key}={value}" for key, value in settings if value)
-
-
-def _one_gpu_layout(v: Values) -> bool:
-    sizes = (v.nodes, v.gpus, v.rollout_nodes, v.rollout_gpus, *(v.get(size) for size in PARALLEL_SIZES))
-    return v.device == "cuda" and all(size == 1 for size in sizes)
-
-
-# The cross-key rules, in the order a launch reports what breaks them. Each reads the keys it names (by a short
-# name) and says the fix; the size arithmetic that follows (_check_sizes, ...) needs the pools and sizes the
-# first rows check.
-RULES: tuple[Rule, ...] = (
-    Rule(
-        {"hybrid": "actor_rollout_ref.hybrid_engine"},
-        require=lambda v: not v.hybrid,
-        message="actor_rollout_ref.hybrid_engine=True colocates rollout and training on the same GPUs; this recipe "
-        "needs disjoint pools. Set actor_rollout_ref.hybrid_engine=False (the recipe's configs do).",
-    ),
-    Rule(
-        {"mode": f"{ROLLOUT}.mode"},
-        require=lambda v: v.mode == "async",
-        message=lambda v: (
-            f"{ROLLOUT}.mode={v.mode!r}: the recipe rolls out through verl's server replicas and "
-            f"AgentLoopManager. Set {ROLLOUT}.mode=async."
-        ),
-    ),
-    *(_pool(key) for key in POOLS),
-    *(_size(key) for key in SIZES),
-    Rule(
-        {
-            "one_gpu": "async_training.one_gpu",
-            "device": "trainer.device",
-            "nodes": "trainer.nnodes",
-            "gpus": "trainer.n_gpus_per_node",
-            "rollout_nodes": f"{ROLLOUT}.nnodes",
-            "rollout_gpus": f"{ROLLOUT}.n_gpus_per_node",
-            **{size: f"{ROLLOUT}.{size}" for size in PARALLEL_SIZES},
-        },
-        when=lambda v: v.one_gpu,
-        require=_one_gpu_layout,
-        message=lambda v: (
-            "async_training.one_gpu=true runs one actor rank and one single-GPU rollout replica on one "
-            f"GPU: it needs trainer.device=cuda, trainer.nnodes=trainer.n_gpus_per_node=1, {ROLLOUT}.nnodes="
-            f"n_gpus_per_node=1 and {ROLLOUT}.tensor_model_parallel_size=1 (got {v.device}, {v.nodes}x{v.gpus}, "
-            f"{v.rollout_nodes}x{v.rollout_gpus}, tensor x data x pipeline parallel "
-            f"{'x'.join(str(v.get(size)) for size in PARALLEL_SIZES)})."
-        ),
-    ),
-    Rule(
-        {"name": f"{ROLLOUT}.name"},
-        require=lambda v: v.name in ROLLOUT_BACKENDS,
-        message=lambda v: (
-            f"{ROLLOUT}.name={v.name!r} is not a rollout backend this recipe supports; use one of "
+def _rollout_backend_problems(config: DictConfig) -> list[str]:
+    """A rollout backend the recipe supports, fed by a checkpoint engine that can feed it, on a device it runs on."""
+    name, engine, device = _get(config, f"{ROLLOUT}.name"), _get(config, ENGINE), _get(config, "trainer.device")
+    if name not in ROLLOUT_BACKENDS:
+        return [
+            f"{ROLLOUT}.name={name!r} is not a rollout backend this recipe supports; use one of "
             f"{sorted(ROLLOUT_BACKENDS)}."
-        ),
-    ),
-    Rule(
-        {"engine": ENGINE, "name": f"{ROLLOUT}.name"},
-        when=lambda v: v.name in ROLLOUT_BACKENDS,
-        require=lambda v: v.engine in ROLLOUT_BACKENDS[v.name].checkpoint_engines,
-        message=lambda v: (
-            f"{ENGINE}={v.engine!r} cannot feed weights to the {v.name!r} rollout backend; use "
-            f"{' or '.join(ROLLOUT_BACKENDS[v.name].checkpoint_engines)} (GPU: rollout.name={VLLM} with backend=nccl; "
-            f"CPU: rollout.name={HF} with backend=gloo)."
-        ),
-    ),
-    Rule(
-        {"device": "trainer.device", "name": f"{ROLLOUT}.name"},
-        when=lambda v: v.name in ROLLOUT_BACKENDS,
-        require=lambda v: v.name in rollout_backends_on(v.device),
-        message=lambda v: (
-            f"trainer.device={v.device!r} with {ROLLOUT}.name={v.name!r}: on {v.device} the rollout "
-            f"runs on {' or '.join(rollout_backends_on(v.device))} (the `{HF}` replica is CPU-only; SGLang needs GPUs). "
-            f"Use --config-name=one_step_off_ppo_cpu on CPU (rollout.name={HF}, or {VLLM} with the CPU build of vLLM), "
-            f"or trainer.device=cuda with rollout.name={VLLM} on GPUs."
-        ),
-    ),
-    _vllm_on_cpu(ROLLOUT),
-    Rule(
-        {"enable": f"{ELASTIC}.enable", "one_gpu": "async_training.one_gpu"},
-        when=lambda v: v.enable,
-        require=lambda v: not v.one_gpu,
-        message=f"{ELASTIC}.enable=true with async_training.one_gpu=true: both pools share one GPU, so there is no "
-        f"room for another replica and nothing to fail over to. Set {ELASTIC}.enable=false.",
-    ),
-    Rule(
-        {"enable": f"{ELASTIC}.enable", "engine": ENGINE},
-        when=lambda v: v.enable,
-        require=lambda v: v.engine in ELASTIC_CHECKPOINT_ENGINES,
-        message=lambda v: (
-            f"{ELASTIC}.enable=true with checkpoint_engine.backend={v.engine!r}: only "
+        ]
+    problems = []
+    engines = [
+        e for e in ROLLOUT_BACKENDS[name].checkpoint_engines if device != "cpu" or not CHECKPOINT_ENGINES[e].cuda_only
+    ]
+    if engine not in engines:
+        problems.append(
+            f"{ENGINE}={engine!r} cannot feed weights to the {name!r} rollout backend on trainer.device={device}; "
+            f"use {' or '.join(engines)}."
+        )
+    if name not in rollout_backends_on(device):
+        problems.append(
+            f"trainer.device={device!r} with {ROLLOUT}.name={name!r}: on {device} the rollout runs on "
+            f"{' or '.join(rollout_backends_on(device))} (SGLang needs GPUs). Use --config-name=one_step_off_ppo_cpu "
+            f"on CPU (vLLM's CPU build), or trainer.device=cuda on GPUs."
+        )
+    return problems + _vllm_sleep_problems(config, ROLLOUT)
+
+
+def _vllm_sleep_problems(config: DictConfig, prefix: str) -> list[str]:
+    """vLLM's CPU build refuses sleep mode ("Sleep mode is not supported on current platform") at engine start."""
+    on_cpu = _get(config, "trainer.device") == "cpu" and _get(config, f"{prefix}.name") == VLLM
+    if not (on_cpu and _get(config, f"{prefix}.enable_sleep_mode", True)):
+        return []
+    return [
+        f"{prefix}.name={VLLM} on trainer.device=cpu: vLLM's CPU build has no sleep mode, and verl starts vLLM with "
+        f"it unless told otherwise. Set ++{prefix}.enable_sleep_mode=false (the CPU profiles do)."
+    ]
+
+
+def _elastic_problems(config: DictConfig, section: AsyncTrainingConfig) -> list[str]:
+    """The elastic pool: room for another replica, and a checkpoint engine that follows a changing membership."""
+    if not section.elastic.enable:
+        return []
+    problems, engine = [], _get(config, ENGINE)
+    if section.one_gpu:
+        problems.append(
+            f"{ELASTIC}.enable=true with async_training.one_gpu=true: both pools share one GPU, so there is no room "
+            f"for another replica and nothing to fail over to. Set {ELASTIC}.enable=false."
+        )
+    if engine not in ELASTIC_CHECKPOINT_ENGINES:
+        problems.append(
+            f"{ELASTIC}.enable=true with checkpoint_engine.backend={engine!r}: only "
             f"{', '.join(ELASTIC_CHECKPOINT_ENGINES)} are known to follow a rollout pool that changes between syncs. "
             f"Use one of them, or {ELASTIC}.enable=false."
-        ),
-    ),
-    Rule(
-        {"enable": f"{ELASTIC}.enable", "engine": ENGINE, "nccl": f"{ROLLOUT}.checkpoint_engine.engine_kwargs.nccl"},
-        when=lambda v: v.enable and v.engine == "nccl",
-        require=lambda v: bool((v.nccl or {}).get("rebuild_group", False)),
-        message=f"{ELASTIC}.enable=true with the nccl engine: verl's NCCL engine keeps its group across syncs and "
-        "asserts the old world size when a replica leaves or joins. Add "
-        f"+{ROLLOUT}.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true (the group is then rebuilt on every "
-        "sync: seconds per sync on large pools).",
-    ),
-    Rule(
-        {"partial": PARTIAL, "name": f"{ROLLOUT}.name"},
-        when=lambda v: v.partial,
-        require=lambda v: v.name in PARTIAL_ROLLOUT_BACKENDS,
-        message=lambda v: (
-            f"{PARTIAL}=true with {ROLLOUT}.name={v.name!r}: a sync interrupts running requests and "
-            f"continues them from their tokens so far, which only {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} are wired "
-            f"for here. Use one of them, or {PARTIAL}=false."
-        ),
-    ),
-    Rule(
-        {"partial": PARTIAL, "engine": ENGINE},
-        when=lambda v: v.partial,
-        require=lambda v: v.engine in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES,
-        message=lambda v: (
-            f"{PARTIAL}=true with checkpoint_engine.backend={v.engine!r}: partial rollout needs a sync "
-            "that aborts, loads and resumes the replicas (verl's CheckpointEngineManager); supported: "
+        )
+    if engine == "nccl" and not _get(config, f"{ROLLOUT}.checkpoint_engine.engine_kwargs.nccl.rebuild_group", False):
+        problems.append(
+            f"{ELASTIC}.enable=true with the nccl engine: verl's NCCL engine keeps its group across syncs and "
+            "asserts the old world size when a replica leaves or joins. Add "
+            f"+{ROLLOUT}.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true (the group is then rebuilt on every "
+            "sync: seconds per sync on large pools)."
+        )
+    return problems
+
+
+def _partial_rollout_problems(config: DictConfig, section: AsyncTrainingConfig) -> list[str]:
+    """Partial rollout: a backend that resumes aborted requests, a sync that aborts and resumes them, oldest first."""
+    if not section.partial_rollout:
+        return []
+    problems, name, engine = [], _get(config, f"{ROLLOUT}.name"), _get(config, ENGINE)
+    if name not in PARTIAL_ROLLOUT_BACKENDS:
+        problems.append(
+            f"{PARTIAL}=true with {ROLLOUT}.name={name!r}: a sync interrupts running requests and continues them "
+            f"from their tokens so far, which is wired here for {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} only. "
+            f"Use {' or '.join(PARTIAL_ROLLOUT_BACKENDS)}, or {PARTIAL}=false."
+        )
+    if engine not in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES:
+        problems.append(
+            f"{PARTIAL}=true with checkpoint_engine.backend={engine!r}: partial rollout needs a sync that aborts, "
+            "loads and resumes the replicas (verl's CheckpointEngineManager); supported: "
             f"{', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}."
-        ),
-    ),
-    Rule(
-        {"partial": PARTIAL, "name": f"{ROLLOUT}.name", "policy": f"{ROLLOUT}.scheduling_policy"},
-        when=lambda v: v.partial and v.name == VLLM,
-        require=lambda v: v.policy == "priority",
-        message=lambda v: (
-            f"{PARTIAL}=true with vLLM and {ROLLOUT}.scheduling_policy={v.policy!r}: the batches in "
-            f"flight share the engine and the oldest must run first. Set {ROLLOUT}.scheduling_policy=priority."
-        ),
-    ),
-    Rule(
-        {"partial": PARTIAL, "replay": f"{ROLLOUT}.enable_rollout_routing_replay"},
-        when=lambda v: v.partial,
-        require=lambda v: not v.replay,
-        message=f"{PARTIAL}=true with {ROLLOUT}.enable_rollout_routing_replay=true: the MoE routing of a request "
-        "resumed under new weights is not carried across its segments. Use one of the two.",
-    ),
-    Rule(
-        {"partial": PARTIAL, "determinism": f"{ROLLOUT}.full_determinism"},
-        when=lambda v: v.partial,
-        require=lambda v: not v.determinism,
-        message=f"{PARTIAL}=true with {ROLLOUT}.full_determinism=true: a run is reproducible only if every request "
-        "sees the same weights, and here a sync interrupts requests at a point that depends on timing. Use one "
-        "of the two.",
-    ),
-    # A reward model runs on a pool of its own, as replicas of a rollout backend verl's reward loop can call.
-    Rule(
-        {"pool": f"{REWARD_MODEL}.enable_resource_pool", "enable": f"{REWARD_MODEL}.enable"},
-        when=lambda v: v.enable,
-        require=lambda v: bool(v.pool),
-        message=f"{REWARD_MODEL}.enable_resource_pool=false colocates the reward model with the training pool, where "
-        "verl scores the batch inside the training step (waking the model between the actor's phases); this recipe "
-        "gives the reward model a pool of its own, where it scores each sample as soon as it is generated. Set "
-        f"{REWARD_MODEL}.enable_resource_pool=true with {REWARD_MODEL}.n_gpus_per_node and {REWARD_MODEL}.nnodes.",
-    ),
-    Rule(
-        {"path": f"{REWARD_MODEL}.model_path", "enable": f"{REWARD_MODEL}.enable"},
-        when=lambda v: v.enable,
-        require=lambda v: bool(v.path),
-        message=f"{REWARD_MODEL}.model_path is not set: point it at the reward model (a sequence-classification "
-        "model, one label: its logit is the reward).",
-    ),
-    Rule(
-        {"name": f"{REWARD_MODEL}.rollout.name", "enable": f"{REWARD_MODEL}.enable", "device": "trainer.device"},
-        when=lambda v: v.enable,
-        require=lambda v: v.name in rollout_backends_on(v.device),
-        message=lambda v: (
-            f"{REWARD_MODEL}.rollout.name={v.name!r}: on trainer.device={v.device} verl's reward loop "
-            f"scores with a reward model served by {' or '.join(rollout_backends_on(v.device))} (TensorRT-LLM serves no "
-            f"reward model in verl 0.9.1). Set {REWARD_MODEL}.rollout.name={rollout_backends_on(v.device)[0]}."
-        ),
-    ),
-    _vllm_on_cpu(f"{REWARD_MODEL}.rollout", enable=f"{REWARD_MODEL}.enable"),
-    Rule(
-        {
-            "name": f"{REWARD_MODEL}.rollout.name",
-            "enable": f"{REWARD_MODEL}.enable",
-            **{size: f"{REWARD_MODEL}.rollout.{size}" for size in PARALLEL_SIZES},
-        },
-        when=lambda v: v.enable and v.name == HF,
-        require=lambda v: all(v.get(size) == 1 for size in PARALLEL_SIZES),
-        message=lambda v: (
-            f"{REWARD_MODEL}.rollout.name={HF} serves one process per replica; set "
-            + " ".join(f"{REWARD_MODEL}.rollout.{size}=1" for size in PARALLEL_SIZES if v.get(size) != 1)
-            + "."
-        ),
-    ),
-    Rule(
-        {"enable": f"{REWARD_MODEL}.enable", "one_gpu": "async_training.one_gpu"},
-        when=lambda v: v.enable,
-        require=lambda v: not v.one_gpu,
-        message=f"{REWARD_MODEL}.enable=true with async_training.one_gpu=true: the reward model needs a device of its "
-        "own besides the one GPU the actor and the rollout share. Use a layout with a reward pool (trainer.device="
-        "cuda without one_gpu), or a reward function.",
-    ),
-    Rule(
-        {"estimator": "algorithm.adv_estimator"},
-        require=lambda v: v.estimator not in REFUSED_ESTIMATORS,
-        message=lambda v: (
-            f"algorithm.adv_estimator={v.estimator}: {REFUSED_ESTIMATORS.get(v.estimator)}; use "
-            "algorithm.adv_estimator=grpo, rloo, reinforce_plus_plus, or gae (PPO with a critic on the training pool)."
-        ),
-    ),
-    Rule(  # verl's need_critic: critic.enable when set, else whether the estimator is gae
-        {"critic": "critic.enable", "estimator": "algorithm.adv_estimator"},
-        when=lambda v: v.estimator == "gae",
-        require=lambda v: v.critic is None or bool(v.critic),
-        message="critic.enable=False with algorithm.adv_estimator=gae: GAE needs the critic's values (verl would stop "
-        "with a KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
-        "estimator such as grpo.",
-    ),
-    # LoRA reaches the replicas only merged into the weights; verl's FSDP actor reads model.lora_rank.
-    Rule(
-        {"megatron_rank": f"{MODEL}.lora.rank", "strategy": LORA["strategy"]},
-        when=lambda v: v.strategy != "megatron",
-        require=lambda v: not v.megatron_rank,
-        message=lambda v: (
-            f"{MODEL}.lora.rank={v.megatron_rank} is Megatron's LoRA key; the {v.strategy} actor reads "
-            f"{MODEL}.lora_rank and would train full weights. Set {MODEL}.lora_rank instead (with {MODEL}.lora.merge=true)."
-        ),
-    ),
-    Rule(
-        {"adapter": f"{MODEL}.lora_adapter_path", "rank": f"{MODEL}.lora_rank", "strategy": LORA["strategy"]},
-        when=lambda v: v.strategy != "megatron",
-        require=lambda v: not v.adapter or bool(v.rank),
-        message=lambda v: (
-            f"{MODEL}.lora_adapter_path={v.adapter} with {MODEL}.lora_rank={v.rank or 0}: the "
-            f"{v.strategy} actor loads an adapter only when lora_rank > 0. Set {MODEL}.lora_rank to the adapter's rank "
-            f"(with {MODEL}.lora.merge=true)."
-        ),
-    ),
-    Rule(  # the recipe's configs set lora.merge=true: only a launch that sets it false reaches this
-        {**LORA, "merge": f"{MODEL}.lora.merge"},
-        when=lambda v: bool(_lora(v)),
-        require=lambda v: v.merge is True,
-        message=lambda v: (
-            f"{_lora(v)} with {MODEL}.lora.merge={v.merge}: the weight sync would send the adapters "
-            f"under peft's names (...q_proj.lora_A.weight), which the rollout replicas do not load. Set {MODEL}.lora.merge"
-            "=true: the actor merges the adapters into the base weights before each sync, and the replicas receive full "
-            "weights under the model's own names."
-        ),
-    ),
-    Rule(
-        {"save_contents": "actor_rollout_ref.actor.checkpoint.save_contents", **LORA},
-        when=lambda v: bool(_lora(v)),
-        require=lambda v: "hf_model" not in (v.save_contents or []),
-        message=lambda v: (
-            f"actor_rollout_ref.actor.checkpoint.save_contents={list(v.save_contents)} with LoRA: verl "
-            "0.9.1 writes the Hugging Face export of a LoRA actor from a state dict under peft's names, so the folder "
-            "holds the architecture without the trained weights. Drop hf_model from save_contents (the FSDP checkpoint "
-            "holds the adapters and resumes), and merge the adapters from it offline."
-        ),
-    ),
-    Rule(
-        {"steps": "global_profiler.steps"},
-        require=lambda v: not v.steps,
-        message=lambda v: (
-            f"global_profiler.steps={v.steps}: verl profiles the rollout of step k inside step k, but "
-            "here the batch of step k is generated while earlier steps train, so the profile would cover none of its "
-            "generation. Unset global_profiler.steps; profile the rollout replicas with the engine's own profiler "
-            "instead."
-        ),
-    ),
-    Rule(
-        {"log_probs": f"{ROLLOUT}.calculate_log_probs"},
-        require=lambda v: bool(v.log_probs),
-        message=f"{ROLLOUT}.calculate_log_probs=False: the off-policy correction needs the rollout's log-probs of "
-        "every sampled token. Set it to True.",
-    ),
-)
+        )
+    policy = _get(config, f"{ROLLOUT}.scheduling_policy")
+    if name == VLLM and policy != "priority":
+        problems.append(
+            f"{PARTIAL}=true with vLLM and {ROLLOUT}.scheduling_policy={policy!r}: the batches in flight share the "
+            f"engine and the oldest must run first. Set {ROLLOUT}.scheduling_policy=priority."
+        )
+    for key, why in PARTIAL_ROLLOUT_EXCLUDES.items():
+        if _get(config, f"{ROLLOUT}.{key}"):
+            problems.append(f"{PARTIAL}=true with {ROLLOUT}.{key}=true: {why}. Use one of the two.")
+    return problems
 
 
-def validate_config(config: DictConfig) -> AsyncTrainingConfig:
-    """Check everything the recipe relies on; return the parsed ``async_training`` section.
+def _reward_model_problems(config: DictConfig, section: AsyncTrainingConfig | None) -> list[str]:
+    """A reward model runs on a pool of its own, as replicas of a rollout backend verl's reward loop can call."""
+    if not _get(config, f"{REWARD_MODEL}.enable"):
+        return []
+    problems = []
+    if not _get(config, f"{REWARD_MODEL}.enable_resource_pool"):
+        problems.append(
+            f"{REWARD_MODEL}.enable_resource_pool=false colocates the reward model with the training pool, where "
+            "verl scores the batch inside the training step (waking the model between the actor's phases); this "
+            "recipe gives the reward model a pool of its own, where it scores each sample as soon as it is generated. "
+            f"Set {REWARD_MODEL}.enable_resource_pool=true with {REWARD_MODEL}.n_gpus_per_node and "
+            f"{REWARD_MODEL}.nnodes."
+        )
+    if not _get(config, f"{REWARD_MODEL}.model_path"):
+        problems.append(
+            f"{REWARD_MODEL}.model_path is not set: point it at the reward model (a sequence-classification model, "
+            "one label: its logit is the reward)."
+        )
+    name, device = _get(config, f"{REWARD_MODEL}.rollout.name"), _get(config, "trainer.device")
+    served = rollout_backends_on(device)
+    if name not in served:
+        problems.append(
+            f"{REWARD_MODEL}.rollout.name={name!r}: on trainer.device={device} verl's reward loop scores with a "
+            f"reward model served by {' or '.join(served)} (TensorRT-LLM serves no reward model in verl 0.9.1). Set "
+            f"{REWARD_MODEL}.rollout.name={served[0]}."
+        )
+    problems += _vllm_sleep_problems(config, f"{REWARD_MODEL}.rollout")
+    if section is not None and section.one_gpu:
+        problems.append(
+            f"{REWARD_MODEL}.enable=true with async_training.one_gpu=true: the reward model needs a device of its "
+            "own besides the one GPU the actor and the rollout share. Use a layout with a reward pool (trainer.device"
+            "=cuda without one_gpu), or a reward function."
+        )
+    function = _get(config, "reward.custom_reward_function.path")
+    if function is not None:
+        warnings.warn(
+            f"{REWARD_MODEL}.enable=true with reward.custom_reward_function.path={function}: verl scores with the "
+            "function; the reward model is served but scores only what the function sends it. Set "
+            "reward.custom_reward_function.path=null to score with the reward model.",
+            stacklevel=3,
+        )
+    return problems + (_reward_model_pool_problems(config) if name in served else [])
 
-    Raises one ``ConfigError`` carrying every problem found: the section's fields, then ``RULES``, then the
-    size arithmetic (checks that need a value an earlier check refused are skipped: their problems show once
-    it is fixed).
-    """
-    problems = Problems()
-    async_config = problems.run(AsyncTrainingConfig.from_config, config)
-    if async_config is None:
-        problems.skipped.append("the one-GPU, elastic and partial-rollout checks (they need async_training)")
-    check_rules(RULES, config, problems, skip=() if async_config is not None else ("async_training",))
-    replicas = _check_sizes(problems, config)
-    if async_config is not None and replicas is not None:
-        _check_elastic_replicas(problems, async_config.elastic, replicas)
-    _check_reward_model_pool(problems, config)
-    problems.raise_any()
-    return async_config
+
+def _reward_model_pool_problems(config: DictConfig) -> list[str]:
+    """The reward model's pool holds whole replicas, none split unevenly over nodes."""
+    per_node, nodes = _get(config, f"{REWARD_MODEL}.n_gpus_per_node"), _get(config, f"{REWARD_MODEL}.nnodes")
+    sizes = (_get(config, f"{REWARD_MODEL}.rollout.{size}", 1) for size in PARALLEL_SIZES)
+    world = math.prod(size if _is_count(size) else 1 for size in sizes)
+    if _is_count(per_node) and _is_count(nodes) and per_node * nodes >= world and world % min(per_node, world) == 0:
+        return []
+    return [
+        f"{REWARD_MODEL}.n_gpus_per_node={per_node} x {REWARD_MODEL}.nnodes={nodes} leaves the reward model's pool "
+        f"smaller than one replica ({world} device(s): tensor x data x pipeline parallel) or splits a replica "
+        f"unevenly over nodes. Set {REWARD_MODEL}.nnodes and {REWARD_MODEL}.n_gpus_per_node to hold whole replicas."
+    ]
 
 
-def _check_sizes(problems: Problems, config: DictConfig) -> int | None:
-    """Replica and batch sizes against the pools; return the number of rollout replicas (None: no whole number)."""
-    if problems.refused.intersection(POOLS):
-        problems.skipped.append("the replica and batch sizes (they need both pools)")
-        return None
-    if problems.refused.intersection(SIZES):
-        problems.skipped.append("the replica and batch sizes against the pools (they need those sizes)")
-        return None
+def _algorithm_problems(config: DictConfig) -> list[str]:
+    """The advantage estimators the pipeline refuses, and GAE without its critic."""
+    problems, estimator = [], _get(config, "algorithm.adv_estimator")
+    if estimator in REFUSED_ESTIMATORS:
+        problems.append(
+            f"algorithm.adv_estimator={estimator}: {REFUSED_ESTIMATORS[estimator]}; use algorithm.adv_estimator=grpo, "
+            "rloo, reinforce_plus_plus, or gae (PPO with a critic on the training pool)."
+        )
+    critic = _get(config, "critic.enable")  # verl's need_critic: critic.enable when set, else whether it is gae
+    if estimator == "gae" and critic is not None and not critic:
+        problems.append(
+            "critic.enable=False with algorithm.adv_estimator=gae: GAE needs the critic's values (verl would stop with "
+            "a KeyError on 'values' after start-up). Set critic.enable=true (or leave it null), or use a critic-free "
+            "estimator such as grpo."
+        )
+    return problems
+
+
+def _lora_problems(config: DictConfig) -> list[str]:
+    """LoRA reaches the replicas only merged into the weights; verl's FSDP actor reads model.lora_rank."""
+    strategy = _get(config, "actor_rollout_ref.actor.strategy")
+    rank, megatron_rank = _get(config, f"{MODEL}.lora_rank"), _get(config, f"{MODEL}.lora.rank")
+    adapter = _get(config, f"{MODEL}.lora_adapter_path")
+    problems = []
+    if strategy != "megatron" and megatron_rank:
+        problems.append(
+            f"{MODEL}.lora.rank={megatron_rank} is Megatron's LoRA key; the {strategy} actor reads {MODEL}.lora_rank "
+            f"and would train full weights. Set {MODEL}.lora_rank instead (with {MODEL}.lora.merge=true)."
+        )
+    if strategy != "megatron" and adapter and not rank:
+        problems.append(
+            f"{MODEL}.lora_adapter_path={adapter} with {MODEL}.lora_rank={rank or 0}: the {strategy} actor loads an "
+            f"adapter only when lora_rank > 0. Set {MODEL}.lora_rank to the adapter's rank (with "
+            f"{MODEL}.lora.merge=true)."
+        )
+    # The LoRA keys the actor reads that are set (none: full weights).
+    settings = (("lora_rank", rank), ("lora.rank", megatron_rank if strategy == "megatron" else 0))
+    lora = ", ".join(f"{MODEL}.{key}={value}" for key, value in (*settings, ("lora_adapter_path", adapter)) if value)
+    if not lora:
+        return problems
+    merge = _get(config, f"{MODEL}.lora.merge")
+    if merge is not True:  # the recipe's configs set lora.merge=true: only a launch that sets it false reaches this
+        problems.append(
+            f"{lora} with {MODEL}.lora.merge={merge}: the weight sync would send the adapters under peft's names "
+            f"(...q_proj.lora_A.weight), which the rollout replicas do not load. Set {MODEL}.lora.merge=true: the "
+            "actor merges the adapters into the base weights before each sync, and the replicas receive full weights "
+            "under the model's own names."
+        )
+    save_contents = _get(config, "actor_rollout_ref.actor.checkpoint.save_contents") or []
+    if "hf_model" in save_contents:
+        problems.append(
+            f"actor_rollout_ref.actor.checkpoint.save_contents={list(save_contents)} with LoRA: verl 0.9.1 writes the "
+            "Hugging Face export of a LoRA actor from a state dict under peft's names, so the folder holds the "
+            "architecture without the trained weights. Drop hf_model from save_contents (the FSDP checkpoint holds "
+            "the adapters and resumes), and merge the adapters from it offline."
+        )
+    return problems
+
+
+def _pipeline_problems(config: DictConfig) -> list[str]:
+    """What verl does per step that a batch generated while earlier steps train cannot do without."""
+    problems, steps = [], _get(config, "global_profiler.steps")
+    if steps:
+        problems.append(
+            f"global_profiler.steps={steps}: verl profiles the rollout of step k inside step k, but here the batch of "
+            "step k is generated while earlier steps train, so the profile would cover none of its generation. Unset "
+            "global_profiler.steps; profile the rollout replicas with the engine's own profiler instead."
+        )
+    if not _get(config, f"{ROLLOUT}.calculate_log_probs"):
+        problems.append(
+            f"{ROLLOUT}.calculate_log_probs=False: the off-policy correction needs the rollout's log-probs of every "
+            "sampled token. Set it to True."
+        )
+    return problems
+
+
+def _size_problems(config: DictConfig, elastic: ElasticConfig | None) -> list[str]:
+    """Replica and batch sizes against the pools, and the elastic pool's bounds against the replicas it starts with."""
     trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
     actor = config.actor_rollout_ref.actor
+    problems = []
     rollout_world = math.prod(rollout[size] for size in PARALLEL_SIZES)
     rollout_devices = rollout.nnodes * rollout.n_gpus_per_node
-    whole = problems.require(
-        rollout_devices % rollout_world == 0,
-        f"The rollout pool has {rollout_devices} devices ({ROLLOUT}.nnodes x n_gpus_per_node) but one replica needs "
-        f"{rollout_world} (tensor x data x pipeline parallel size); make the pool a multiple of the replica size.",
-    )
-
-    actor_world = trainer.nnodes * trainer.n_gpus_per_node
-    n = rollout.n
+    if rollout_devices % rollout_world:
+        problems.append(
+            f"The rollout pool has {rollout_devices} devices ({ROLLOUT}.nnodes x n_gpus_per_node) but one replica "
+            f"needs {rollout_world} (tensor x data x pipeline parallel size); make the pool a multiple of the replica "
+            "size."
+        )
+    actor_world, n = trainer.nnodes * trainer.n_gpus_per_node, rollout.n
     train_batch = config.data.get("gen_batch_size") or config.data.train_batch_size
-    problems.require(
-        (train_batch * n) % actor_world == 0,
-        f"data.train_batch_size x rollout.n = {train_batch} x {n} = {train_batch * n} samples per step do not "
-        f"divide across the {actor_world} actor ranks (trainer.nnodes x trainer.n_gpus_per_node). "
-        f"Make data.train_batch_size * {ROLLOUT}.n a multiple of {actor_world}.",
-    )
-    problems.require(
-        train_batch % actor.ppo_mini_batch_size == 0,
-        f"data.train_batch_size={train_batch} is not a multiple of "
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}.",
-    )
-    if problems.require(
-        (actor.ppo_mini_batch_size * n) % actor_world == 0,
-        f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {actor.ppo_mini_batch_size * n} samples per "
-        f"mini-batch do not divide across the {actor_world} actor ranks; make it a multiple of {actor_world}.",
-    ):
-        per_rank, micro = actor.ppo_mini_batch_size * n // actor_world, actor.get("ppo_micro_batch_size_per_gpu")
-        problems.require(
-            actor.use_dynamic_bsz or not micro or per_rank % micro == 0,
-            f"A mini-batch gives each actor rank {per_rank} samples (ppo_mini_batch_size x rollout.n / {actor_world} "
-            f"ranks), which actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide (verl would "
-            "fail in the first update). Make the micro-batch size a divisor of it.",
+    if (train_batch * n) % actor_world:
+        problems.append(
+            f"data.train_batch_size x rollout.n = {train_batch} x {n} = {train_batch * n} samples per step do not "
+            f"divide across the {actor_world} actor ranks (trainer.nnodes x trainer.n_gpus_per_node). Make "
+            f"data.train_batch_size * {ROLLOUT}.n a multiple of {actor_world}."
         )
-    return rollout_devices // rollout_world if whole else None
-
-
-def _check_elastic_replicas(problems: Problems, elastic: ElasticConfig, replicas: int) -> None:
-    """The elastic pool's bounds against the replicas the run starts with."""
-    if not elastic.enable:
-        return
-    problems.require(
-        elastic.min_replicas <= replicas,
-        f"{ELASTIC}.min_replicas={elastic.min_replicas} is more than the {replicas} replica(s) the run starts with "
-        f"({ROLLOUT}.nnodes x n_gpus_per_node / replica size); lower it.",
-    )
-    problems.require(
-        elastic.max_replicas is None or elastic.max_replicas >= replicas,
-        f"{ELASTIC}.max_replicas={elastic.max_replicas} is less than the {replicas} replica(s) the run starts with; "
-        "raise it, or set it to null to grow only on the scale command.",
-    )
-
-
-def _check_reward_model_pool(problems: Problems, config: DictConfig) -> None:
-    """The reward model's pool holds whole replicas; a reward function set as well is named (it scores instead)."""
-    reward_model = config.reward.reward_model
-    if not reward_model.enable or f"{REWARD_MODEL}.rollout.name" in problems.refused:
-        return
-    if config.reward.custom_reward_function.path is not None:
-        warnings.warn(
-            f"{REWARD_MODEL}.enable=true with reward.custom_reward_function.path="
-            f"{config.reward.custom_reward_function.path}: verl scores with the function; the reward model is served "
-            "but scores only what the function sends it. Set reward.custom_reward_function.path=null to score with "
-            "the reward model.",
-            stacklevel=2,
+    mini_batch, micro = actor.ppo_mini_batch_size, actor.get("ppo_micro_batch_size_per_gpu")
+    if train_batch % mini_batch:
+        problems.append(
+            f"data.train_batch_size={train_batch} is not a multiple of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}."
         )
-    rollout, key = reward_model.rollout, REWARD_MODEL
-    world = math.prod(rollout[size] if _is_count(rollout[size]) else 1 for size in PARALLEL_SIZES)
-    sizes = (reward_model.n_gpus_per_node, reward_model.nnodes)
-    problems.require(
-        all(_is_count(size) for size in sizes) and sizes[0] * sizes[1] >= world and world % min(sizes[0], world) == 0,
-        f"{key}.n_gpus_per_node={reward_model.n_gpus_per_node} x {key}.nnodes={reward_model.nnodes} leaves the "
-        f"reward model's pool smaller than one replica ({world} device(s): tensor x data x pipeline parallel) or splits "
-        f"a replica unevenly over nodes. Set {key}.nnodes and {key}.n_gpus_per_node to hold whole replicas.",
-    )
+    if (mini_batch * n) % actor_world:
+        problems.append(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {mini_batch * n} samples per mini-batch do "
+            f"not divide across the {actor_world} actor ranks; make it a multiple of {actor_world}."
+        )
+    elif not actor.use_dynamic_bsz and micro and (mini_batch * n // actor_world) % micro:
+        problems.append(
+            f"A mini-batch gives each actor rank {mini_batch * n // actor_world} samples (ppo_mini_batch_size x "
+            f"rollout.n / {actor_world} ranks), which actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} "
+            "does not divide (verl would fail in the first update). Make the micro-batch size a divisor of it."
+        )
+    if elastic is None or not elastic.enable or rollout_devices % rollout_world:
+        return problems
+    replicas = rollout_devices // rollout_world
+    if elastic.min_replicas > replicas:
+        problems.append(
+            f"{ELASTIC}.min_replicas={elastic.min_replicas} is more than the {replicas} replica(s) the run starts "
+            f"with ({ROLLOUT}.nnodes x n_gpus_per_node / replica size); lower it."
+        )
+    if elastic.max_replicas is not None and elastic.max_replicas < replicas:
+        problems.append(
+            f"{ELASTIC}.max_replicas={elastic.max_replicas} is less than the {replicas} replica(s) the run starts "
+            "with; raise it, or set it to null to grow only on the scale command."
+        )
+    return problems

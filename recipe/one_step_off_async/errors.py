@@ -2,15 +2,10 @@
 
 Each is named for what went wrong, and its message says which key, file, replica or version is at
 fault and how to fix it. A run that fails with one of these exits non-zero with the original
-traceback chained (``raise ... from``). ``Problems`` is the one collector of the checks a launch runs
-before Ray starts (the config's rules, the disk, this machine): they all report into it, so a launch
-lists every problem at once.
+traceback chained (``raise ... from``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 
 class ConfigError(ValueError):
@@ -84,57 +79,3 @@ class RolloutEngineDiedError(RuntimeError):
 
 class RunFailed(RuntimeError):
     """A launch of the entry point (``runs.Run.check``) exited non-zero; the message names the command and its log."""
-
-
-class Problems:
-    """What the launch's checks found: the config's ``problems``, what is missing on this machine (``not_here``:
-    another machine may have it) and the checks ``skipped`` because they need a value a problem refused.
-
-    A check adds to it, or raises a ``ConfigError`` that ``run`` collects. ``refused`` holds the keys refused so
-    far, for the checks that need them.
-    """
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-        self.not_here: list[str] = []
-        self.skipped: list[str] = []
-        self.refused: set[str] = set()
-
-    def add(self, problem: str, key: str | None = None) -> None:
-        """One problem of the config; ``key``: the key it refuses."""
-        self.problems.append(problem)
-        if key is not None:
-            self.refused.add(key)
-
-    def require(self, condition: bool, problem: str, key: str | None = None) -> bool:
-        """Add ``problem`` unless ``condition`` holds; return ``condition``."""
-        if not condition:
-            self.add(problem, key)
-        return condition
-
-    def run(self, check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one check and return what it returns; the problems it raises are collected (then it returns None)."""
-        try:
-            return check(*args, **kwargs)
-        except ConfigError as error:
-            (self.not_here if isinstance(error, NotOnThisMachine) else self.problems).extend(error.problems)
-            self.skipped.extend(error.skipped)
-        except CheckpointError as error:
-            self.problems.append(str(error))
-        except Exception as error:  # a value no check foresaw: report it with the rest, not as a traceback
-            name = getattr(check, "__name__", repr(check))
-            self.problems.append(f"{name} could not check this config: {type(error).__name__}: {error}")
-        return None
-
-    def raise_any(self) -> None:
-        """Raise what was found: a ``ConfigError`` with every problem (then what is missing here), or
-        ``NotOnThisMachine`` when all that was found is missing here."""
-        if self.problems:
-            raise ConfigError(*self.problems, *self.not_here, skipped=tuple(self.skipped))
-        if self.not_here:
-            raise NotOnThisMachine(*self.not_here, skipped=tuple(self.skipped))
-
-    def error(self, *earlier: str) -> LaunchProblems | None:
-        """The launch's error (``earlier`` problems first), or None when nothing is wrong."""
-        problems = [*earlier, *self.problems, *self.not_here]
-        return LaunchProblems(problems, self.skipped) if problems else None

@@ -1,89 +1,81 @@
 """Everything a launch does before Ray starts, shared by ``main_ppo`` and ``check_config``.
 
-In order: accept the old layout's module paths (``upgrade_module_paths``, with a warning naming the new
-setting; they live here, above every layer they name), validate the recipe's keys and its losses', set
-up this process as every Ray worker will be (``verl_plugin.activate``: platform, registered backends, the
-runtime env), check a user's agent-loop manager class (it must extend the trainer's, which only a layer
-above the trainer can import), resolve the config in the driver (built-in task paths are materialised once,
-before workers start), check the data files, run verl's own config validation, verify the checkpoint a
-resume would load, and check that every backend the config selects is installed here.
+In order: resolve the config in the driver (built-in task paths are materialised once, before workers
+start), check the recipe's keys and its losses', set up this process as every Ray worker will be
+(``verl_plugin.activate``: platform, registered backends, the runtime env), check a user's agent-loop manager
+class (it must extend the trainer's, which only a layer above the trainer can import), check the data files,
+run verl's own config validation, verify the checkpoint a resume would load, and check that every backend the
+config selects is installed here.
 
-``check_launch`` runs all of them and collects what they find in one ``errors.Problems``, so a launch reports
-every problem at once (``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback);
-a check that needs what an earlier one refused is listed as not checked. ``check_command_line`` does the same for a
-command line Hydra cannot compose (an unknown key, a bad override): it composes without the overrides
-that fail, so their errors join the list of everything else.
+``check_launch`` calls each check and adds up the ``Problems`` they return, so a launch reports every problem
+at once (``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback); a check that
+needs what an earlier one refused is listed as not checked. ``check_command_line`` does the same for a
+command line Hydra cannot compose (an unknown key, a bad override): it composes without the overrides that
+fail, so their errors join the list of everything else.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.one_step_off_async import verl_plugin
-from recipe.one_step_off_async.async_config import validate_config
-from recipe.one_step_off_async.errors import LaunchProblems, Problems
-from recipe.one_step_off_async.losses import validate_policy_loss
+from recipe.one_step_off_async.async_config import config_problems
+from recipe.one_step_off_async.errors import CheckpointError, ConfigError, LaunchProblems
+from recipe.one_step_off_async.losses import policy_loss_problems
 from recipe.one_step_off_async.platforms import one_gpu
-from recipe.one_step_off_async.preflight import check_data_files, check_machine, check_model_modality
+from recipe.one_step_off_async.preflight import data_file_problems, machine_problems
+from recipe.one_step_off_async.schema import Problems
 from recipe.one_step_off_async.trainer.agent_loops import agent_loop_manager_class
 from recipe.one_step_off_async.trainer.resume import verify_resume_checkpoint
 
 CONFIG_MODULE = "recipe.one_step_off_async.config"
 # The configs a launch names with --config-name (the others are parts they include).
-PROFILES = (
-    "one_step_off_ppo_trainer",
-    "one_step_off_ppo_cpu",
-    "one_step_off_ppo_cpu_graded",
-    "one_step_off_ppo_cpu_long_tail",
-    "one_step_off_ppo_cpu_generation_bound",
-    "one_step_off_ppo_1gpu",
-)
+PROFILES = tuple(sorted(path.stem for path in (Path(__file__).parent / "config").glob("one_step_off_ppo*.yaml")))
 
 
 def check_launch(config: DictConfig) -> Problems:
-    """Validate, resolve and set up the platform, collecting every problem (``config`` is resolved in place)."""
+    """Resolve, validate and set up the platform; return every problem found (``config`` is resolved in place)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config as verl_validate_config
 
-    check = Problems()
-    for notice in upgrade_module_paths(config):
-        warnings.warn(notice, FutureWarning, stacklevel=3)
-    check.run(validate_config, config)
-    check.run(validate_policy_loss, config)
+    try:
+        OmegaConf.resolve(config)
+    except Exception as error:  # an interpolation that does not resolve: ${oc.env:...}, a missing key
+        return Problems(
+            [f"The config does not resolve: {type(error).__name__}: {error}"],
+            skipped=["every other check (they read the resolved config)"],
+        )
+    found = config_problems(config) + policy_loss_problems(config)
     with open_dict(config):
         runtime_env = config.ray_kwargs.ray_init.runtime_env
         runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **verl_plugin.activate(config)}
         if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
             config.ray_kwargs.ray_init.num_gpus = one_gpu.LOGICAL_GPUS
-    check.run(agent_loop_manager_class, config)  # imports a user's class: after the platform is set up
     try:
-        OmegaConf.resolve(config)
-    except Exception as error:  # an interpolation that does not resolve: ${oc.env:...}, a missing key
-        check.add(f"The config does not resolve: {type(error).__name__}: {error}")
-        check.skipped += ["the data files", "verl's own validation of the config", "the checkpoint to resume from"]
+        agent_loop_manager_class(config)  # imports a user's class: after the platform is set up
+    except ConfigError as error:
+        found += Problems.of(error)
+    found += data_file_problems(config)
+    if found.problems:  # verl's assertions would repeat the recipe's findings, less clearly
+        found.skipped.append("verl's own validation of the config (verl.utils.config.validate_config)")
     else:
-        check.run(check_data_files, config)
-        check.run(check_model_modality, config)
-        if check.problems:  # verl's assertions would repeat the recipe's findings, less clearly
-            check.skipped.append("verl's own validation of the config (verl.utils.config.validate_config)")
-        else:
-            try:
-                verl_validate_config(
-                    config=config,
-                    use_reference_policy=need_reference_policy(config),
-                    use_critic=need_critic(config),
-                )
-            except Exception as error:  # verl asserts; its message names the keys
-                check.add(f"verl's validation of the config: {type(error).__name__}: {error}")
-        check.run(verify_resume_checkpoint, config)
-    check.run(check_machine, config)
-    return check
+        try:
+            verl_validate_config(
+                config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+            )
+        except Exception as error:  # verl asserts; its message names the keys
+            found.problems.append(f"verl's validation of the config: {type(error).__name__}: {error}")
+    try:
+        verify_resume_checkpoint(config)
+    except CheckpointError as error:
+        found.problems.append(str(error))
+    return found + machine_problems(config)
 
 
 def prepare_config(config: DictConfig) -> None:
@@ -181,53 +173,3 @@ def _hydra_message(error: Exception) -> str:
     if cause is not None and str(cause).strip():
         message += f" ({str(cause).strip().splitlines()[0]})"
     return message
-
-
-# Module paths of the flat layout before the sub-packages (see CHANGELOG.md, "Deprecated"). A config that
-# names one still runs, with a FutureWarning naming the setting to use instead.
-_RENAMED_CLASSES = {
-    "actor_rollout_ref.rollout.checkpoint_manager_class": {
-        "recipe.one_step_off_async.sync_timing.TimedCheckpointEngineManager": (
-            "recipe.one_step_off_async.weight_sync.timing.TimedCheckpointEngineManager"
-        ),
-    },
-    "actor_rollout_ref.actor.policy_loss._target_": {
-        "recipe.one_step_off_async.policy_losses.OffPolicyLossConfig": "recipe.one_step_off_async.losses.OffPolicyLossConfig",
-    },
-}
-# Engines the recipe now registers by name in every process: their module key is no longer needed.
-_REGISTERED_ENGINE_MODULES = {
-    "recipe.one_step_off_async.cpu.gloo_checkpoint_engine": "gloo",
-    "recipe.one_step_off_async.file_checkpoint_engine": "checkpoint",
-}
-# Modules that used to be listed in VERL_USE_EXTERNAL_MODULES; the recipe's verl plugin loads what they did.
-_OLD_EXTERNAL_MODULES = (
-    "recipe.one_step_off_async.cpu",
-    "recipe.one_step_off_async.policy_losses",
-    "recipe.one_step_off_async.one_gpu",
-)
-
-
-def upgrade_module_paths(config: DictConfig) -> list[str]:
-    """Rewrite the old layout's module paths in ``config`` to the new ones; return one notice per rewrite."""
-    notices = []
-    for key, renamed in _RENAMED_CLASSES.items():
-        value = OmegaConf.select(config, key)
-        if value in renamed:
-            OmegaConf.update(config, key, renamed[value], force_add=True)
-            notices.append(f"{key}={value} has moved: set {key}={renamed[value]}.")
-    key = "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"
-    value = OmegaConf.select(config, key)
-    if value in _REGISTERED_ENGINE_MODULES:
-        OmegaConf.update(config, key, None)
-        notices.append(
-            f"{key}={value} is no longer needed: the recipe registers the "
-            f"{_REGISTERED_ENGINE_MODULES[value]!r} engine by name. Remove the override."
-        )
-    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
-    listed = OmegaConf.select(config, key) or ""
-    kept = [module for module in listed.split(",") if module and module not in _OLD_EXTERNAL_MODULES]
-    if listed and kept != listed.split(","):
-        OmegaConf.update(config, key, ",".join(kept))
-        notices.append(f"{key} lists modules of the old layout; the recipe loads them itself. Remove them.")
-    return notices

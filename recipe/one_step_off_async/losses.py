@@ -44,8 +44,8 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from recipe.one_step_off_async.errors import OffPolicyCorrectionError, Problems
-from recipe.one_step_off_async.schema import Check, Rule, Values, check_rules, field_problems
+from recipe.one_step_off_async.errors import OffPolicyCorrectionError
+from recipe.one_step_off_async.schema import Check, Problems, unknown_keys, value_problems
 
 LOSS_MODES = ("topr", "kimi15", "tis_pg", "reinforce")
 TOPR_SPLITS = ("score", "advantage")
@@ -108,60 +108,33 @@ _OWN_KEYS = tuple(f.name for f in fields(OffPolicyLossConfig) if f.name not in P
 _DEFAULTS = {f.name: f.default for f in fields(OffPolicyLossConfig) if f.name in _OWN_KEYS}
 
 
-def _tis_bounds(v: Values) -> tuple[Any, Any]:
-    return v.get("low", _DEFAULTS["tis_lower_bound"]), v.get("high", _DEFAULTS["tis_upper_bound"])
-
-
-# The settings this module's losses cannot run with (the values of their own keys: OffPolicyLossConfig's checks).
-RULES: tuple[Rule, ...] = (
-    Rule(
-        {"target": f"{POLICY_LOSS}._target_", "mode": f"{POLICY_LOSS}.loss_mode", "section": POLICY_LOSS},
-        when=lambda v: v.mode in LOSS_MODES or bool(set(v.section or ()) & set(_OWN_KEYS)),
-        require=lambda v: v.target == CONFIG_TARGET,
-        message=lambda v: (
-            f"{POLICY_LOSS}._target_={v.target}: the recipe's losses and their keys need "
-            f"{POLICY_LOSS}._target_={CONFIG_TARGET} (the recipe's configs set it; a config that does not start from "
-            "them must too)."
-        ),
-    ),
-    Rule(
-        {"low": f"{POLICY_LOSS}.tis_lower_bound", "high": f"{POLICY_LOSS}.tis_upper_bound"},
-        when=lambda v: all(Check(at_least=0).accepts(float, bound) for bound in _tis_bounds(v)),
-        require=lambda v: _tis_bounds(v)[0] <= _tis_bounds(v)[1],
-        message=lambda v: (
-            f"{POLICY_LOSS}.tis_lower_bound={_tis_bounds(v)[0]!r} is above {POLICY_LOSS}.tis_upper_bound="
-            f"{_tis_bounds(v)[1]!r}; the truncation range must be [lower, upper]."
-        ),
-    ),
-    Rule(
-        {"mode": f"{POLICY_LOSS}.loss_mode", "bypass": "algorithm.rollout_correction.bypass_mode"},
-        when=lambda v: v.mode in LOSS_MODES,
-        require=lambda v: not v.bypass,
-        message=lambda v: (
-            f"{POLICY_LOSS}.loss_mode={v.mode!r} with algorithm.rollout_correction.bypass_mode=true: "
-            "verl's bypass mode replaces the loss with its own `bypass_mode` loss. Set bypass_mode=false."
-        ),
-    ),
-)
-
-
-def validate_policy_loss(config: DictConfig) -> None:
-    """Refuse unknown ``policy_loss`` keys, values this module's keys do not take and the settings its losses cannot
-    run with (``RULES``), naming the key; one ``ConfigError`` with every problem."""
+def policy_loss_problems(config: DictConfig) -> Problems:
+    """The unknown ``policy_loss`` keys, the values this module's keys do not take, and the settings its losses
+    cannot run with, each naming the key and the fix."""
     section = OmegaConf.select(config, POLICY_LOSS, default=None)
     values = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else {}
-    problems = Problems()
-    for problem in field_problems(
-        OffPolicyLossConfig,
-        values,
-        f"{POLICY_LOSS}.",
-        names=_OWN_KEYS,
-        also_known=("_target_",),
-        known=f"the keys of this recipe's losses are {', '.join(_OWN_KEYS)} (see recipe/one_step_off_async/losses.py).",
-    ):
-        problems.add(problem)
-    check_rules(RULES, config, problems)
-    problems.raise_any()
+    known = f"the keys of this recipe's losses are {', '.join(_OWN_KEYS)} (see recipe/one_step_off_async/losses.py)."
+    problems = unknown_keys(OffPolicyLossConfig, values, f"{POLICY_LOSS}.", also_known=("_target_",), known=known)
+    problems += value_problems(OffPolicyLossConfig, values, f"{POLICY_LOSS}.", names=_OWN_KEYS)
+    mode, target = values.get("loss_mode"), values.get("_target_")
+    if (mode in LOSS_MODES or set(values) & set(_OWN_KEYS)) and target != CONFIG_TARGET:
+        problems.append(
+            f"{POLICY_LOSS}._target_={target}: the recipe's losses and their keys need {POLICY_LOSS}._target_="
+            f"{CONFIG_TARGET} (the recipe's configs set it; a config that does not start from them must too)."
+        )
+    low = values.get("tis_lower_bound", _DEFAULTS["tis_lower_bound"])
+    high = values.get("tis_upper_bound", _DEFAULTS["tis_upper_bound"])
+    if Check(at_least=0).accepts(float, low) and Check(at_least=0).accepts(float, high) and low > high:
+        problems.append(
+            f"{POLICY_LOSS}.tis_lower_bound={low!r} is above {POLICY_LOSS}.tis_upper_bound={high!r}; the truncation "
+            "range must be [lower, upper]."
+        )
+    if mode in LOSS_MODES and OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode"):
+        problems.append(
+            f"{POLICY_LOSS}.loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=true: verl's bypass mode "
+            "replaces the loss with its own `bypass_mode` loss. Set bypass_mode=false."
+        )
+    return Problems(problems)
 
 
 def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor):

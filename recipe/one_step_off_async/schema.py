@@ -1,16 +1,15 @@
-"""Launch rules as data: what a config field accepts (``Check``) and what one key requires of another (``Rule``).
+"""A recipe section as a dataclass that declares each field's help and range once, and what a launch check returns.
 
-What: a recipe section is a dataclass whose fields declare their help and their range once, in the field's
-metadata (``field(default=1, metadata={"help": ..., "check": Check(at_least=0)})``; the type is the field's
-annotation). ``field_problems`` walks the fields of a section (nested sections too) and lists every value
-outside them; ``parse_section`` builds the dataclass from a config section or raises them all at once. A
-``Rule`` is one row of a table of cross-key rules ("when K1 = v, K2 must be w"): the keys it reads, by name,
-and its message, which names the key and the fix; ``check_rules`` walks a table.
+What: a field's help and range live in its metadata (``field(default=1, metadata={"help": ..., "check":
+Check(at_least=0)})``; the type is the field's annotation). A section validates itself in ``__post_init__``
+(``check_fields``: one ``ConfigError`` naming every value its fields refuse), as verl's ``BaseConfig`` sections
+do; ``parse_section`` builds one from a config's mapping, nested sections too, and adds the keys no field
+declares. ``value_problems`` and ``unknown_keys`` list the same for a section the recipe only extends (its
+loss keys in verl's ``policy_loss``). ``Problems`` is what a launch check returns: ``launch.check_launch``
+calls each check and adds up what they return, so a launch reports every problem at once.
 
-Why: written as code, each check was repeated (a ``__post_init__``, the launch check) and stopped at the first
-problem; as data, each is written once, a launch reports every problem, and the tests read which keys the
-rules cover (tests/test_support_matrix_on_cpu.py). ``async_config`` (``async_training`` and the launch's
-rules) and ``losses`` (the policy-loss keys) declare theirs with it.
+Why: each range is written once, next to the field it bounds; the launch, the trainer and a direct
+construction all refuse a value by the same words, naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -18,13 +17,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from recipe.one_step_off_async.errors import Problems
+from recipe.one_step_off_async.errors import ConfigError, LaunchProblems, NotOnThisMachine
 
 
 @dataclass(frozen=True)
@@ -87,145 +84,97 @@ def _annotations(cls: type) -> dict[str, tuple[type, bool]]:
     return kinds
 
 
-def field_problems(
-    cls: type,
-    values: Mapping[str, Any],
-    prefix: str,
-    *,
-    names: Iterable[str] | None = None,
-    also_known: Iterable[str] = (),
-    known: str | None = None,
-) -> list[str]:
-    """Every problem of ``values`` as the config section ``prefix`` (``"async_training."``) of dataclass ``cls``.
-
-    The unknown keys come first, of the nested sections too (a misspelt key is the first thing to fix): keys
-    that are neither fields nor ``also_known``; ``known`` replaces the list of known keys in that message. Then
-    every value outside its field's type and ``check``, in field order (``names``: only these fields).
-    """
-    unknown = _unknown_keys(cls, values, prefix, set(also_known), known, names)
-    return [*unknown, *_bad_values(cls, values, prefix, names)]
-
-
-def _unknown_keys(
-    cls: type, values: Mapping, prefix: str, also_known: set[str], known: str | None, names: Iterable[str] | None
-) -> Iterator[str]:
-    fields = [field.name for field in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(fields) - also_known)
-    if unknown:
-        known = known or f"known keys: {', '.join(fields)}."
-        yield f"Unknown key(s) {', '.join(prefix + key for key in unknown)}; {known}"
-    checked = set(names) if names is not None else None
-    for name, value in values.items():
-        if checked is not None and name not in checked:  # a section of verl's that the recipe does not check
-            continue
-        kind = _annotations(cls).get(name, (None, False))[0]
-        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
-            yield from _unknown_keys(kind, value, f"{prefix}{name}.", set(), None, None)
-
-
-def _bad_values(cls: type, values: Mapping, prefix: str, names: Iterable[str] | None) -> Iterator[str]:
-    checked = set(names) if names is not None else None
+def value_problems(cls: type, values: Mapping[str, Any], prefix: str, names: Iterable[str] | None = None) -> list[str]:
+    """Every value of ``values`` (fields of ``cls``; ``names``: only these) outside its field's type and ``check``,
+    named as the key ``prefix + field`` of the config."""
+    problems = []
     for field in dataclasses.fields(cls):
-        if field.name not in values or (checked is not None and field.name not in checked):
+        if field.name not in values or (names is not None and field.name not in names):
             continue
         value, (kind, nullable) = values[field.name], _annotations(cls)[field.name]
-        if dataclasses.is_dataclass(kind):  # a nested section; an empty value (null) keeps its defaults
-            if isinstance(value, Mapping):
-                yield from _bad_values(kind, value, f"{prefix}{field.name}.", None)
-            elif value and not isinstance(value, kind):
+        if dataclasses.is_dataclass(kind):  # a nested section checks its own values
+            if not isinstance(value, kind):
                 keys = ", ".join(nested.name for nested in dataclasses.fields(kind)[:2])
-                yield f"{prefix}{field.name}={value!r} must be a section ({keys}, ...)."
+                problems.append(f"{prefix}{field.name}={value!r} must be a section ({keys}, ...).")
             continue
         check = field.metadata.get("check", Check())
         if not (value is None and nullable) and not check.accepts(kind, value):
-            yield f"{prefix}{field.name}={value!r} must be {check.requirement(kind, nullable)}."
+            problems.append(f"{prefix}{field.name}={value!r} must be {check.requirement(kind, nullable)}.")
+    return problems
+
+
+def unknown_keys(
+    cls: type, values: Mapping[str, Any], prefix: str, also_known: Iterable[str] = (), known: str | None = None
+) -> list[str]:
+    """The keys of ``values`` that are neither fields of ``cls`` nor ``also_known`` (a misspelt key is the first thing
+    to fix); ``known`` replaces the list of known keys in the message."""
+    fields = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(fields) - set(also_known))
+    if not unknown:
+        return []
+    known = known or "known keys: " + ", ".join(fields) + "."
+    return [f"Unknown key(s) {', '.join(prefix + key for key in unknown)}; {known}"]
 
 
 def check_fields(section: object, prefix: str) -> None:
-    """Raise one ``ConfigError`` naming every field of the dataclass instance ``section`` that its field refuses."""
+    """A section's ``__post_init__``: one ``ConfigError`` naming every field whose value its field refuses."""
     values = {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
-    problems = Problems()
-    for problem in field_problems(type(section), values, prefix):
-        problems.add(problem)
-    problems.raise_any()
+    Problems(value_problems(type(section), values, prefix)).raise_any()
 
 
 def parse_section(cls: type, values: Mapping[str, Any], prefix: str):
     """``cls`` built from the config section ``values`` (nested sections too), or one ``ConfigError`` naming every
-    problem (``field_problems``)."""
-    problems = Problems()
-    for problem in field_problems(cls, values, prefix):
-        problems.add(problem)
-    problems.raise_any()
-    return _build(cls, values)
+    unknown key and every value a section refuses."""
+    problems: list[str] = []
+    section = _build(cls, values, prefix, problems)
+    Problems(problems).raise_any()
+    return section
 
 
-def _build(cls: type, values: Mapping[str, Any]):
-    arguments = dict(values)
-    for name, (kind, _) in _annotations(cls).items():
-        if dataclasses.is_dataclass(kind) and name in arguments and not isinstance(arguments[name], kind):
-            arguments[name] = _build(kind, arguments[name] or {})
-    return cls(**arguments)
+def _build(cls: type, values: Mapping[str, Any], prefix: str, problems: list[str]):
+    """``cls`` from the fields ``values`` sets; its unknown keys, then its nested sections' problems (a null section
+    keeps its defaults), then what its ``__post_init__`` refuses go to ``problems`` (its defaults then stand in, so
+    the enclosing section is checked too)."""
+    problems += unknown_keys(cls, values, prefix)
+    arguments = {field.name: values[field.name] for field in dataclasses.fields(cls) if field.name in values}
+    for name, value in arguments.items():
+        kind = _annotations(cls)[name][0]
+        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping | None):
+            arguments[name] = _build(kind, value or {}, f"{prefix}{name}.", problems)
+    try:
+        return cls(**arguments)
+    except ConfigError as error:
+        problems += error.problems
+        return cls()
 
 
-_ABSENT = object()
+@dataclass
+class Problems:
+    """What a launch check found: the config's ``problems`` (each names the key and the fix), what this machine lacks
+    (``not_here``: the machine that runs the launch may have it), and the checks ``skipped`` because they need a value
+    a problem refused. Each check returns one; the launch adds them up (``found += check(config)``)."""
 
+    problems: list[str] = dataclasses.field(default_factory=list)
+    not_here: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
 
-class Values:
-    """A rule's view of the config: its keys by their short names, and nothing else.
+    @classmethod
+    def of(cls, error: ConfigError) -> Problems:
+        """What a check that raises found (``NotOnThisMachine``: missing here)."""
+        found = list(error.problems)
+        if isinstance(error, NotOnThisMachine):
+            return cls(not_here=found, skipped=list(error.skipped))
+        return cls(found, skipped=list(error.skipped))
 
-    ``values.name`` reads the key (None when the config lacks it); ``values.get(name, default)`` reads it as a
-    dict's ``get`` does. Reading a name the rule does not declare raises, so a rule's keys are what it reads.
-    """
+    def __add__(self, other: Problems) -> Problems:
+        return Problems(self.problems + other.problems, self.not_here + other.not_here, self.skipped + other.skipped)
 
-    def __init__(self, config: DictConfig, keys: Mapping[str, str]) -> None:
-        self._config, self._keys = config, keys
+    def raise_any(self) -> None:
+        """Raise what was found as one ``ConfigError`` (every problem, then what is missing here)."""
+        if self.problems or self.not_here:
+            raise ConfigError(*self.problems, *self.not_here, skipped=tuple(self.skipped))
 
-    def get(self, name: str, default: Any = None) -> Any:
-        if name not in self._keys:
-            raise AttributeError(f"the rule reads {name!r}, which is not among its keys ({', '.join(self._keys)})")
-        value = OmegaConf.select(self._config, self._keys[name], default=_ABSENT)
-        return default if value is _ABSENT else value
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self.get(name)
-
-
-def _always(values: Values) -> bool:
-    return True
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of a table of cross-key rules: where ``when`` holds, ``require`` must, else ``message`` is a problem.
-
-    ``keys`` maps a short name to each config key the rule reads; the first is the key its message starts with,
-    the one it refuses (a later check that needs it is skipped). ``when``, ``require`` and ``message`` (a string,
-    or a function for a message that shows values) read the keys from a ``Values`` view. Every message names
-    the key and says the fix.
-    """
-
-    keys: Mapping[str, str]
-    require: Callable[[Values], bool]
-    message: str | Callable[[Values], str]
-    when: Callable[[Values], bool] = _always
-
-    @property
-    def refuses(self) -> str:
-        return next(iter(self.keys.values()))
-
-
-def check_rules(rules: Iterable[Rule], config: DictConfig, problems: Problems, skip: Iterable[str] = ()) -> None:
-    """Walk ``rules`` in order and add the message of each that ``config`` breaks to ``problems``.
-
-    A rule that reads a key under a section of ``skip`` (one an earlier check refused) is not run.
-    """
-    skip = tuple(skip)
-    for rule in rules:
-        if any(key == section or key.startswith(f"{section}.") for key in rule.keys.values() for section in skip):
-            continue
-        values = Values(config, rule.keys)
-        if rule.when(values) and not rule.require(values):
-            problems.add(rule.message if isinstance(rule.message, str) else rule.message(values), key=rule.refuses)
+    def error(self, *earlier: str) -> LaunchProblems | None:
+        """The launch's error (``earlier`` problems first), or None when nothing is wrong."""
+        problems = [*earlier, *self.problems, *self.not_here]
+        return LaunchProblems(problems, self.skipped) if problems else None

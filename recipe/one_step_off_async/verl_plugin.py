@@ -9,8 +9,6 @@ recipe listed there, so it is the one place that decides what of the recipe runs
   value model loaded with the attention its config names (``platforms/verl_patches.py``);
 - the weight-sync engines ``gloo`` and ``checkpoint`` in verl's ``CheckpointEngineRegistry``, so that
   ``rollout.checkpoint_engine.backend=gloo`` (or ``checkpoint``) works with no ``custom_backend_module``;
-- the ``hf`` rollout replica in verl's ``RolloutReplicaRegistry`` (imported on first lookup), so that
-  ``rollout.name=hf`` works by name;
 - ROLL's off-policy losses in verl's policy-loss registry.
 
 ``activate(config)`` does the same in the driver (before Ray starts) and returns the environment
@@ -19,7 +17,6 @@ every Ray worker needs (``launch.prepare_config`` puts it in Ray's runtime env).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from omegaconf import DictConfig, OmegaConf
@@ -28,39 +25,19 @@ from recipe.one_step_off_async.platforms import verl_patches
 
 verl_patches.skip_the_ascend_checkpoint_engine()  # before anything imports verl's checkpoint engines
 
-from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
-
 from recipe.one_step_off_async import losses  # noqa: E402, F401  (registers the losses)
 from recipe.one_step_off_async.platforms import cpu, one_gpu  # noqa: E402
-from recipe.one_step_off_async.rollout import hf  # noqa: E402
 from recipe.one_step_off_async.weight_sync import files, gloo  # noqa: E402, F401  (register the engines)
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 
 
-def _hf_replica() -> type:
-    from recipe.one_step_off_async.rollout.hf.replica import HFReplica
-
-    return HFReplica
-
-
 def apply() -> None:
-    """Register the ``hf`` replica and patch verl for the selected platform, in this process (idempotent)."""
-    RolloutReplicaRegistry.register(hf.ROLLOUT_NAME, _hf_replica)
+    """Patch verl for the selected platform, in this process (idempotent)."""
     verl_patches.apply_on_every_platform()
     # From the environment only: `platforms.cpu` may be half imported here (it imports verl, which imports us).
     verl_patches.apply_when_cpu_is_selected()
     one_gpu.apply()
-
-
-def _exists(module: str) -> bool:
-    """False for a module of the recipe's old flat layout still listed by a user (see CHANGELOG.md, "Deprecated")."""
-    if not module.startswith("recipe.one_step_off_async."):
-        return True
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package of the old layout (recipe.one_step_off_async.cpu)
-        return False
 
 
 def worker_env(config: DictConfig) -> dict[str, str]:
@@ -68,7 +45,7 @@ def worker_env(config: DictConfig) -> dict[str, str]:
     registered before verl resolves it), the modules a user listed kept after it, and the platform's variables."""
     listed = OmegaConf.select(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}") or ""
     modules = [__name__, *os.environ.get(EXTERNAL_MODULES_ENV, "").split(","), *listed.split(",")]
-    env = {EXTERNAL_MODULES_ENV: ",".join(dict.fromkeys(m for m in modules if m and _exists(m)))}
+    env = {EXTERNAL_MODULES_ENV: ",".join(dict.fromkeys(m for m in modules if m))}
     if config.trainer.device == cpu.PLATFORM_NAME:
         env.update(cpu.env_vars())
     if config.async_training.one_gpu:

@@ -503,7 +503,7 @@ def _dead_replicas(replicas: list[RolloutReplica], silent_timeout_s: float) -> d
     """Replica rank -> why, for replicas with a process that died or stays silent for ``silent_timeout_s``.
 
     Each process gets one probe (Ray's ``__ray_ready__``), answered as soon as the actor gets to it: at once
-    when idle, after the call it is busy with otherwise (an hf server's engine step, a loaded machine). So a
+    when idle, after the call it is busy with otherwise (a server's request handling, a loaded machine). So a
     slow answer is never taken for a death: the wait ends when every process answered or died, or when the
     bound has passed, and only a process still silent then is declared lost. A probe Ray could not deliver
     (``ActorUnavailableError``: Ray has not decided yet whether the actor is gone) is sent again every

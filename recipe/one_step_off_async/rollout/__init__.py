@@ -1,2 +1,2 @@
-"""Rollout backends registered with verl's ``RolloutReplicaRegistry``; ``hf`` (HF transformers, CPU) is the
-recipe's own. vLLM, SGLang and TensorRT-LLM are verl's."""
+"""The rollout client of partial rollout. No engine of the recipe's own: vLLM (its CPU build on CPU), SGLang and
+TensorRT-LLM are verl's replicas."""

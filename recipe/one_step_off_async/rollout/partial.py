@@ -2,7 +2,7 @@
 
 verl's ``CheckpointEngineManager.update_weights`` aborts every running request before it loads new
 weights and resumes generation after. An aborted request returns the tokens it sampled so far
-(``stop_reason="aborted"``; the ``hf`` engine and verl's vLLM server both do). ``PartialRolloutClient``
+(``stop_reason="aborted"``, as verl's vLLM server does). ``PartialRolloutClient``
 (handed to verl's ``AgentLoopManager`` by the trainer when ``async_training.partial_rollout=true``)
 sends it straight back as prompt + tokens so far, with ``max_tokens`` lowered by what it already has,
 so the response budget holds; the replica's KV cache is recomputed from that prefix under the new
@@ -29,8 +29,6 @@ from typing import Any
 from verl.utils.tokenizer import normalize_token_ids
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
-
-from recipe.one_step_off_async.backends import HF
 
 VERSION_RUNS = "weight_version_runs"
 RECOMPUTED_PREFILL = "recomputed_prefill_tokens"
@@ -65,9 +63,6 @@ class PartialRolloutClient(LLMServerClient):
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
         prompt_ids = normalize_token_ids(prompt_ids)
-        if "priority" in kwargs and self.config.actor_rollout_ref.rollout.name == HF:
-            # verl's client forwards `priority` (oldest batch first) to vLLM only; the hf server takes it so.
-            kwargs["scheduling_priority"] = int(kwargs.pop("priority"))
         sampling_params = dict(sampling_params)  # the budget is rewritten per segment; the caller reuses its dict
         limit_key = "max_new_tokens" if "max_new_tokens" in sampling_params else "max_tokens"
         budget = sampling_params.get(limit_key) or self.config.actor_rollout_ref.rollout.response_length

@@ -29,15 +29,15 @@ import math
 from typing import Any
 
 import ray
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from verl.experimental.agent_loop import agent_loop
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopOutput, AgentLoopWorker
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
 from verl.workers.rollout.replica import TokenOutput
 
 from recipe.one_step_off_async.elastic.client import REGENERATED
-from recipe.one_step_off_async.errors import ConfigError, NotOnThisMachine
 from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS, add_run
+from recipe.one_step_off_async.trainer.configured_class import recipe_subclass
 
 TOOL_AGENT = "tool_agent"
 VERL_TOOL_AGENT_TARGET = f"{ToolAgentLoop.__module__}.{ToolAgentLoop.__qualname__}"
@@ -177,28 +177,6 @@ MANAGER_CLASS_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
 
 
 def agent_loop_manager_class(config: DictConfig) -> type[OneStepOffAgentLoopManager]:
-    """The manager named by ``MANAGER_CLASS_KEY`` (imported by its fully-qualified name, as verl does), or the
-    recipe's when the key is unset. Raise ``ConfigError`` for a class that is not a subclass of the recipe's,
-    ``NotOnThisMachine`` for a module that does not import here."""
-    from verl.utils.import_utils import load_class_from_fqn
-
-    name = OmegaConf.select(config, MANAGER_CLASS_KEY)
-    if not name:
-        return OneStepOffAgentLoopManager
-    recipes = f"{OneStepOffAgentLoopManager.__module__}.{OneStepOffAgentLoopManager.__qualname__}"
-    fix = (
-        f"subclass {recipes} (its workers record the weight version of every turn, which the trainer checks), "
-        "or unset the key"
-    )
-    try:
-        manager = load_class_from_fqn(name, "AgentLoopManager")
-    except (ImportError, AttributeError, ValueError) as error:
-        # A module missing here may be on the cluster, like a custom_backend_module (preflight.missing_backends).
-        refused = NotOnThisMachine if isinstance(error, ImportError) else ConfigError
-        raise refused(f"{MANAGER_CLASS_KEY}={name} does not import ({error}). Name an importable {fix}.") from error
-    if not (isinstance(manager, type) and issubclass(manager, OneStepOffAgentLoopManager)):
-        raise ConfigError(
-            f"{MANAGER_CLASS_KEY}={name} is not a subclass of {recipes}: the trainer would generate without the "
-            f"recipe's agent-loop workers. Make it a {fix}."
-        )
-    return manager
+    """The manager named by ``MANAGER_CLASS_KEY``: the recipe's, or a user's subclass of it (else ``ConfigError``)."""
+    why = "its workers record the weight version of every turn, which the trainer checks"
+    return recipe_subclass(config, MANAGER_CLASS_KEY, OneStepOffAgentLoopManager, why)

@@ -1,10 +1,11 @@
-"""Deadlines on the driver's calls into verl's rollout and weight-sync managers.
+"""Deadlines on the driver's waits: every wait fails with a named error instead of hanging.
 
 verl's ``fit()`` makes two calls that wait forever on a hung rollout replica: the first weight sync
-(``checkpoint_manager.update_weights`` before the training loop) and validation (``_validate``
-calls ``async_rollout_manager.generate_sequences`` on the driver thread). The trainer wraps both
-managers once, so these calls and the pipeline's own ones fail after ``async_training``'s
-timeouts with a message naming what was awaited, like every other wait of the recipe.
+(``checkpoint_manager.update_weights`` before the training loop) and validation (``_validate`` calls
+``async_rollout_manager.generate_sequences`` on the driver thread). The trainer's weight-sync manager
+(``sync_manager.OneStepOffCheckpointManager``) bounds its syncs with ``call_with_deadline``, the rollout manager is
+wrapped once (``BoundedRolloutManager``), and the pipeline bounds its own waits with ``wait_for``: each fails after
+``async_training``'s timeouts with a message naming what was awaited.
 
 While it waits, each of them checks the rollout engines every second (``engine_health.EngineWatch``), so a dead
 engine fails the run at once, by name, instead of at the timeout.
@@ -68,8 +69,9 @@ def call_with_deadline(
     return wait_for(future, timeout_s, describe, check)
 
 
-class _Passthrough:
-    """Every attribute but the bounded method is the wrapped manager's."""
+class BoundedRolloutManager:
+    """verl's ``AgentLoopManager`` whose ``generate_sequences`` fails after ``generation_timeout_s``; every other
+    attribute is the wrapped manager's."""
 
     def __init__(self, manager: Any, timeout_s: float, check: Callable[[], None] | None = None) -> None:
         self.manager = manager
@@ -78,30 +80,6 @@ class _Passthrough:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)
-
-
-class BoundedCheckpointManager(_Passthrough):
-    """verl's ``CheckpointEngineManager`` whose ``update_weights`` fails after ``sync_timeout_s``."""
-
-    def __init__(self, manager: Any, timeout_s: float, backend: str, check: Callable[[], None] | None = None) -> None:
-        super().__init__(manager, timeout_s, check)
-        self.backend = backend
-
-    def update_weights(self, global_steps: int) -> dict:
-        return call_with_deadline(
-            lambda: self.manager.update_weights(global_steps),
-            self.timeout_s,
-            lambda: (
-                f"Syncing weights v{global_steps} from the actor to the rollout replicas did not finish within "
-                f"{self.timeout_s:g} s (async_training.sync_timeout_s). A rollout worker or the checkpoint "
-                f"engine ({self.backend}) is stuck."
-            ),
-            self.check,
-        )
-
-
-class BoundedRolloutManager(_Passthrough):
-    """verl's ``AgentLoopManager`` whose ``generate_sequences`` fails after ``generation_timeout_s``."""
 
     def generate_sequences(self, prompts: Any) -> Any:
         purpose = "validation" if prompts.meta_info.get("validate") else "training"

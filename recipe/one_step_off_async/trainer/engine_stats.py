@@ -1,20 +1,16 @@
-"""Slot occupancy and busy-time throughput of the rollout engines, per training step.
+"""Slot occupancy of the rollout engines, per training step.
 
-A rollout server that defines ``engine_stats()`` (the ``hf`` server: cumulative ``EngineStats`` counters
-and its ``max_num_seqs``) is read once per step; the differences give, over the step:
+Each vLLM server's engine keeps its own scheduler statistics, the Prometheus counters vLLM holds in the server's
+process when ``rollout.disable_log_stats=false`` (the CPU profiles set it). They are read once per step
+(``vllm_engine_counters``, run in the server's actor): engine steps (``vllm:iteration_tokens_total``, one
+observation per engine step), rows and tokens (``vllm:generation_tokens``: each running request samples one
+token per step) and prefill (``vllm:prompt_tokens`` less ``vllm:prompt_tokens_cached``: the prompt tokens
+computed, a resumed request's prefix again). The differences give, over the step:
 
 - ``rollout/slot_occupancy``: mean sequences sampling per engine step / ``max_num_seqs``: how full the
   engines ran, whatever the hardware (1.0: every slot busy every step);
-- ``rollout/busy_tokens_per_s``: tokens sampled per second of engine busy time (idle time excluded);
-- ``rollout/busy_s``: engine busy seconds, summed over servers; ``rollout/tokens``, ``rollout/slot_steps``
-  and ``rollout/prefill_tokens``: the sums behind them, so a reader can aggregate over many steps.
-
-A vLLM server has no such method; its engine's own scheduler statistics, the Prometheus counters vLLM keeps in
-the server's process when ``rollout.disable_log_stats=false`` (the CPU profiles set it), give the same counters
-(``vllm_engine_counters``): engine steps (``vllm:iteration_tokens_total``, one observation per engine step),
-rows and tokens (``vllm:generation_tokens``: each running request samples one token per step) and prefill
-(``vllm:prompt_tokens`` less ``vllm:prompt_tokens_cached``: the prompt tokens computed, a resumed request's prefix
-again). vLLM has no engine busy time, so with a vLLM server in the pool ``rollout/busy_*`` is left out.
+- ``rollout/tokens``, ``rollout/slot_steps`` and ``rollout/prefill_tokens``: the sums behind it, so a reader
+  can aggregate over many steps.
 
 A server that reports none of these (SGLang, vLLM with its stats off) is skipped: no metric rather than a made-up
 one; so is a server whose process died or that does not answer within ``READ_TIMEOUT_S`` (the read never holds
@@ -30,7 +26,7 @@ import ray
 
 from recipe.one_step_off_async.trainer.hooks import StepHooks
 
-COUNTERS = ("steps", "rows", "tokens", "prefill_tokens", "busy_s")
+COUNTERS = ("steps", "rows", "tokens", "prefill_tokens")
 # vLLM's Prometheus samples behind each counter (summed over their labels), and those subtracted from it.
 VLLM_SAMPLES = {
     "steps": (("vllm:iteration_tokens_total_count",), ()),
@@ -41,8 +37,8 @@ VLLM_SAMPLES = {
 
 
 def vllm_engine_counters(server: Any, registry: Any = None) -> dict[str, float] | None:
-    """Run inside a vLLM server actor: its engine's cumulative counters, as the ``hf`` server's ``engine_stats``
-    gives them (less ``busy_s``), or None when vLLM keeps no statistics there (``disable_log_stats``).
+    """Run inside a vLLM server actor: its engine's cumulative counters (``COUNTERS``) and ``max_num_seqs``, or
+    None when vLLM keeps no statistics there (``disable_log_stats``).
 
     ``registry``: the Prometheus registry vLLM's stat logger writes to, by default the process's own."""
     from prometheus_client import REGISTRY
@@ -76,18 +72,14 @@ class EngineStatsReader(StepHooks):
     def metrics(self) -> dict[str, float]:
         handles, refs = [], []
         for handle in self._servers():
-            if (method := getattr(handle, "engine_stats", None)) is not None:
-                refs.append(method.remote())
-            elif (call := getattr(handle, "__ray_call__", None)) is not None:  # a Ray actor of another engine
+            if (call := getattr(handle, "__ray_call__", None)) is not None:  # a Ray actor
                 refs.append(call.remote(vllm_engine_counters))
-            else:
-                continue
-            handles.append(handle)
+                handles.append(handle)
         if not refs:
             return {}
         answered, _ = ray.wait(refs, num_returns=len(refs), timeout=READ_TIMEOUT_S)
         total = dict.fromkeys(COUNTERS, 0.0)
-        slot_steps, reported, busy_known = 0.0, False, True
+        slot_steps, reported = 0.0, False
         last, self._last = self._last, {}  # handles of replicas gone from the pool are forgotten
         for handle, ref in zip(handles, refs, strict=True):
             before = last.get(handle)
@@ -102,20 +94,16 @@ class EngineStatsReader(StepHooks):
             if now is None:
                 continue
             before = before or dict.fromkeys(now, 0.0)
-            reported, busy_known = True, busy_known and "busy_s" in now
+            reported = True
             for key in COUNTERS:
                 total[key] += now.get(key, 0.0) - before.get(key, 0.0)
             slot_steps += (now["steps"] - before["steps"]) * now["max_num_seqs"]
             self._last[handle] = now
         if not reported:
             return {}
-        metrics = {
+        return {
             "rollout/slot_occupancy": total["rows"] / slot_steps if slot_steps else 0.0,
             "rollout/tokens": total["tokens"],
             "rollout/slot_steps": slot_steps,  # engine steps x max_num_seqs: occupancy's denominator
             "rollout/prefill_tokens": total["prefill_tokens"],
         }
-        if busy_known:
-            metrics["rollout/busy_tokens_per_s"] = total["tokens"] / total["busy_s"] if total["busy_s"] else 0.0
-            metrics["rollout/busy_s"] = total["busy_s"]
-        return metrics

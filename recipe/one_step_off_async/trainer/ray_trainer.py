@@ -1,10 +1,10 @@
 """OneStepOffRayTrainer: verl's PPO step with generation ``staleness`` batches ahead of training.
 
 The actor (FSDP2, verl's engine worker with role ``actor``) lives on the trainer pool; rollout
-replicas live on their own pool (verl's standalone replicas: vLLM on GPUs, the recipe's ``hf``
-replica on CPU). This class reuses verl's step template (``SeparateRayPPOTrainer.fit_step``:
-generate -> reward -> old log-prob -> advantage -> update -> weight sync) and overrides only the seams
-that decide where a batch comes from and when weights move:
+replicas live on their own pool (verl's standalone vLLM replicas; vLLM's CPU build on CPU). This class
+reuses verl's step template (``SeparateRayPPOTrainer.fit_step``: generate -> reward -> old log-prob
+-> advantage -> update -> weight sync) and overrides only the seams that decide where a batch comes from
+and when weights move:
 
 - the train dataloader becomes a ``RolloutPipeline`` whose items already have their generation in
   flight, so verl's ``fit()`` runs unmodified;
@@ -43,7 +43,7 @@ from recipe.one_step_off_async.async_config import AsyncTrainingConfig
 from recipe.one_step_off_async.errors import CheckpointError, RolloutEngineDiedError
 from recipe.one_step_off_async.trainer.checks import check_correction_inputs, check_rewards
 from recipe.one_step_off_async.trainer.console import finish_trackers
-from recipe.one_step_off_async.trainer.deadlines import BoundedCheckpointManager, BoundedRolloutManager
+from recipe.one_step_off_async.trainer.deadlines import BoundedRolloutManager
 from recipe.one_step_off_async.trainer.engine_health import EngineWatch
 from recipe.one_step_off_async.trainer.engine_stats import EngineStatsReader
 from recipe.one_step_off_async.trainer.hooks import StepHookList, StepHooks
@@ -87,12 +87,7 @@ class OneStepOffRayTrainer(DisjointPoolsTrainer):
         # verl's fit() syncs v_0 and _validate() generates on this thread with no deadline: bound every call,
         # and end it at once when a replica's engine dies.
         self.engine_watch = EngineWatch(self.llm_server_manager.get_replicas, self.async_config.elastic.enable)
-        self.checkpoint_manager = BoundedCheckpointManager(
-            self.checkpoint_manager,
-            self.async_config.sync_timeout_s,
-            self.config.actor_rollout_ref.rollout.checkpoint_engine.backend,
-            self.engine_watch.check,
-        )
+        self.checkpoint_manager.set_deadline(self.async_config.sync_timeout_s, self.engine_watch.check)
         rollout = self.async_rollout_manager
         self.async_rollout_manager = BoundedRolloutManager(
             rollout, self.async_config.generation_timeout_s, self.engine_watch.check

@@ -1,11 +1,10 @@
 """What verl's generation step talks to when the trainer runs it on a generation that already finished.
 
-The pipeline generated the step's batch ahead of time; the trainer still runs verl's own
-``_fit_generate`` on it, so the response mask, batch balancing, token counts and multi-modal lengths
-are verl's. Inside that call the rollout manager is ``Replayed`` (it hands back the finished output)
-and the weight-sync manager is ``ReplicasStayAwake``: verl puts the replicas to sleep after a
-generation to lend colocated GPUs to training, and verl's vLLM replica first waits for its requests to
-drain, which here are the batches ahead of this one, generating on a disjoint pool.
+The pipeline generated the step's batch ahead of time; the trainer still runs verl's own ``_fit_generate`` on
+it, so the response mask, batch balancing, token counts and multi-modal lengths are verl's. Inside that call
+the rollout manager is ``Replayed``: it hands back the finished output. (verl's step then asks the weight-sync
+manager to put the replicas to sleep; the trainer's manager leaves them generating the batches ahead:
+``sync_manager.OneStepOffCheckpointManager.sleep_replicas``.)
 """
 
 from __future__ import annotations
@@ -30,30 +29,15 @@ class Replayed:
         return self.output
 
 
-class ReplicasStayAwake:
-    """verl's weight-sync manager, except that ``sleep_replicas`` leaves the rollout pool generating."""
-
-    def __init__(self, manager: Any) -> None:
-        self.manager = manager
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.manager, name)
-
-    def sleep_replicas(self) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def replaying(trainer: Any, output: DataProto) -> Iterator[None]:
-    """Within the block, ``trainer``'s verl generation step gets ``output`` and leaves the replicas awake.
+    """Within the block, ``trainer``'s verl generation step gets ``output``.
 
-    Only the driver thread reads these attributes: the pipeline's thread holds its own reference to
-    the real rollout manager.
+    Only the driver thread reads this attribute: the pipeline's thread holds its own reference to the real
+    rollout manager.
     """
-    saved = trainer.async_rollout_manager, trainer.checkpoint_manager
-    trainer.async_rollout_manager = Replayed(output)
-    trainer.checkpoint_manager = ReplicasStayAwake(trainer.checkpoint_manager)
+    saved, trainer.async_rollout_manager = trainer.async_rollout_manager, Replayed(output)
     try:
         yield
     finally:
-        trainer.async_rollout_manager, trainer.checkpoint_manager = saved
+        trainer.async_rollout_manager = saved

@@ -4,10 +4,8 @@ What: ``OneStepOffRewardLoopManager``, verl's ``RewardLoopManager`` whose worker
 ``OneStepOffRewardLoopWorker``: verl's ``RewardLoopWorker`` with one method changed,
 ``compute_score_disrm`` (``verl/experimental/reward_loop/reward_loop.py``, verl 0.9.1).
 
-Why: verl's method scores with a discriminative reward model served by vLLM (``/classify``) or SGLang and
-raises ``NotImplementedError`` for any other engine; the CPU reward model (``reward.reward_model.rollout.name
-=hf``, ``rollout/hf/reward_server.py``) serves vLLM's ``/classify``, so ``hf`` is given vLLM's request,
-exactly as verl builds it. And it returns no ``reward_extra_info``, which verl's agent loop reads when it
+Why: verl's method names ``reward.reward_model.model_path`` in vLLM's ``/classify`` request, which a replica
+serving a local copy of that path answers with 404. And it returns no ``reward_extra_info``, which verl's agent loop reads when it
 scores each sample as it is generated (a reward model on its own pool): ``KeyError`` at the first sample,
 with vLLM as with any engine (verl issue #7368); here it returns an empty one.
 
@@ -21,21 +19,18 @@ import ray
 from omegaconf import DictConfig
 from verl.experimental.reward_loop.reward_loop import RewardLoopManager, RewardLoopWorker
 
-from recipe.one_step_off_async.backends import HF, VLLM
-
-# The reward-model backends that serve vLLM's /classify: vLLM and the recipe's CPU backend.
-VLLM_CLASSIFY_ROLLOUTS = (VLLM, HF)
+from recipe.one_step_off_async.backends import VLLM
 
 
 class OneStepOffRewardLoopWorker(RewardLoopWorker):
     async def compute_score_disrm(self, data) -> dict:
-        """verl's scoring with vLLM's ``/classify`` request (``hf`` too), naming no model, with a ``reward_extra_info``.
+        """verl's scoring with vLLM's ``/classify`` request naming no model, with a ``reward_extra_info``.
 
         verl names ``reward.reward_model.model_path``, but a replica serves the model under the path it loaded it
         from (a local copy of an ``hdfs://`` path, say), and vLLM answers 404 "The model ... does not exist" to any
         other name. Each replica serves one model, which vLLM takes when the request names none.
         """
-        if self.config.reward.reward_model.rollout.name not in VLLM_CLASSIFY_ROLLOUTS:
+        if self.config.reward.reward_model.rollout.name != VLLM:
             result = await super().compute_score_disrm(data)
         else:
             payload = {"input": await self._preprocess_reward_inputs(data), "use_activation": False}

@@ -9,22 +9,28 @@ make a work-around wrong or unneeded.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.single_controller.ray import RayClassWithInitArgs
 from verl.trainer.ppo.utils import Role
 
 from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
 from recipe.one_step_off_async.trainer.clients import rollout_client
+from recipe.one_step_off_async.trainer.configured_class import qualified_name
 from recipe.one_step_off_async.trainer.console import with_compact_console
 from recipe.one_step_off_async.trainer.replica_start import ReplicaStart
+from recipe.one_step_off_async.trainer.sync_manager import checkpoint_manager_class
 
 
 class DisjointPoolsTrainer(SeparateRayPPOTrainer):
     """verl's separation trainer with an actor-only worker group, replicas started with it, a GAE critic, a reward
-    model's pool and the recipe's console line. Subclasses set ``async_config`` and ``pool_controller``."""
+    model's pool, the recipe's weight-sync manager and console line. Subclasses set ``async_config`` and
+    ``pool_controller``."""
 
     def __init__(self, config: DictConfig, *args, **kwargs) -> None:
+        # verl's init_workers builds the weight-sync manager this key names: the recipe's, or a user's subclass of it.
+        with open_dict(config):
+            config.actor_rollout_ref.rollout.checkpoint_manager_class = qualified_name(checkpoint_manager_class(config))
         # verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.__init__ asserts hybrid_engine; the rollout is on its own pool.
         with hybrid_engine_assert_disabled(config):
             super().__init__(config, *args, **kwargs)

@@ -1,22 +1,15 @@
 """What the recipe's checkpoint engines share: one topology, the rank checks and the receiver's stream.
 
-What: ``SingleSourceEngine``, the base of the ``gloo`` engine (``weight_sync.gloo``) and of the
-``checkpoint`` engine (``weight_sync.files``). Both sync the same way around: actor rank 0 is the one
-source (it broadcasts, or writes files), the other actor ranks only walk the weight generator (rank
--1: producing each full tensor is an FSDP all-gather that rank 0 also runs), and rollout workers
-are ranks 1..N. The base holds that topology (verl's ``build_topology``), the checks of which rank may
-send or receive, the engine arguments every engine validates (``bucket_size``, ``timeout_s``) and a
-rollout worker's split of its last sync (``receive_metrics()``, which
-``weight_sync.timing.TimedCheckpointEngineManager`` collects). ``ReceivedWeights`` is what both
-engines' ``receive_weights`` return: the weights of one sync with the weight version they carry.
+``SingleSourceEngine`` is the base of the ``gloo`` engine (``weight_sync.gloo``) and of the ``checkpoint``
+engine (``weight_sync.files``). Both sync the same way around: actor rank 0 is the one source (it
+broadcasts, or writes files); the other actor ranks only walk the weight generator (rank -1: producing
+each full tensor is an FSDP all-gather that rank 0 also runs); rollout workers are ranks 1..N.
+``ReceivedWeights`` is what both engines' ``receive_weights`` return.
 
-Why here: the backends never import each other (an import-linter ``independence`` contract in
-``pyproject.toml``, run by ``tests/test_layers_on_cpu.py``); what they share lives in this module.
-
-How: a backend subclasses ``SingleSourceEngine``, names itself (``backend``: its registered name, also
-its key under ``engine_kwargs``) and what actor rank 0's ``prepare()`` hands to every worker
-(``meeting_type``, passed to ``init_process_group`` as the keyword ``meeting_point``), and implements
-prepare, init_process_group (setting ``self._rank``), send_weights, receive_weights and finalize.
+The backends never import each other (an import-linter ``independence`` contract in ``pyproject.toml``);
+what they share lives here. A backend names itself (``backend``), what actor rank 0's ``prepare()`` hands
+every worker (``meeting_type``, passed to ``init_process_group`` as the keyword ``meeting_point``), and
+implements prepare, init_process_group (setting ``self._rank``), send_weights, receive_weights and finalize.
 """
 
 from __future__ import annotations
@@ -61,11 +54,10 @@ async def drain(weights: NamedTensors) -> None:
 class ReceivedWeights:
     """The weights of one sync as an async iterator of ``(name, tensor)``.
 
-    Each tensor is valid only until the next ``__anext__`` (it may be a view into a reused
-    buffer): copy it into place, or ``.clone()`` it, before asking for the next one.
-
-    ``version`` is the weight version the actor stamped on the sync; the engine sets it before the
-    first tensor is yielded, so a server adapter can record it while or after loading.
+    Each tensor is valid only until the next ``__anext__`` (it may be a view into a reused buffer), as
+    with verl's ``nccl`` engine: verl's vLLM server adapter copies it into place before asking for the
+    next; ``.clone()`` what you keep. ``version`` is the weight version the actor stamped on the sync,
+    set before the first tensor is yielded.
     """
 
     def __init__(self, receive: Callable[[ReceivedWeights], AsyncIterator[tuple[str, torch.Tensor]]]) -> None:
@@ -85,16 +77,12 @@ class SingleSourceEngine(CheckpointEngine):
     Args:
         bucket_size: Bytes per bucket (verl passes ``update_weights_bucket_megabytes << 20``).
         is_master: True on actor rank 0, the source; its ``prepare()`` returns the meeting point.
-        timeout_s: Upper bound in seconds on the waits of a sync (what each engine bounds by it, its
-            docstring says).
+        timeout_s: Upper bound in seconds on the waits of a sync.
     """
 
     backend: ClassVar[str]
-    """The registered name, also the engine's key under ``engine_kwargs``."""
     meeting_point: ClassVar[str]
-    """The keyword under which ``init_process_group`` receives what actor rank 0's ``prepare()`` returned."""
     meeting_type: ClassVar[type]
-    """What actor rank 0's ``prepare()`` returns (the other workers return None)."""
 
     def __init__(self, bucket_size: int, is_master: bool = False, timeout_s: float = 300.0) -> None:
         if bucket_size <= 0:
@@ -109,11 +97,9 @@ class SingleSourceEngine(CheckpointEngine):
         self.bucket_size = bucket_size
         self.is_master = is_master
         self.timeout_s = timeout_s
-        self._rank: int | None = None
-        """This worker's rank in the sync it joined (None outside a sync): set by ``init_process_group``."""
+        self._rank: int | None = None  # in the sync joined (None outside a sync), set by init_process_group
         self._world_size = 0
-        self._received: dict[str, float] = {}
-        """A rollout worker's split of its last completed receive, for ``receive_metrics()``."""
+        self._received: dict[str, float] = {}  # a rollout worker's split of its last receive
 
     @classmethod
     def build_topology(
@@ -140,24 +126,24 @@ class SingleSourceEngine(CheckpointEngine):
         return actor_kwargs, rollout_kwargs
 
     def receive_metrics(self) -> dict[str, float]:
-        """A rollout worker's split of its last sync (``{}`` before one completed, and on actor ranks)."""
+        """A rollout worker's split of its last sync (``{}`` before one completed, and on actor ranks), which the
+        trainer's checkpoint manager collects (verl drops what ``receive_weights`` returns)."""
         return dict(self._received)
-
-    def _joined_rank(self, method: str) -> int:
-        if self._rank is None:
-            raise RuntimeError(f"{method} before init_process_group: this {self.backend} engine is in no sync")
-        return self._rank
 
     def _sending_rank(self) -> int:
         """``SOURCE_RANK`` or ``DRAIN_RANK``, the ranks that call ``send_weights``."""
-        rank = self._joined_rank("send_weights")
-        if rank > SOURCE_RANK:
-            raise RuntimeError(f"send_weights on rank {rank}: rollout workers receive weights, actor rank 0 sends")
-        return rank
+        if self._rank is None:
+            raise RuntimeError(f"send_weights before init_process_group: this {self.backend} engine is in no sync")
+        if self._rank > SOURCE_RANK:
+            raise RuntimeError(
+                f"send_weights on rank {self._rank}: rollout workers receive weights, actor rank 0 sends"
+            )
+        return self._rank
 
     def _receiving_rank(self) -> int:
         """A rollout worker's rank (>= 1), the ranks that call ``receive_weights``."""
-        rank = self._joined_rank("receive_weights")
-        if rank <= SOURCE_RANK:
-            raise RuntimeError(f"receive_weights on actor rank {rank}: only rollout workers (ranks >= 1) receive")
-        return rank
+        if self._rank is None:
+            raise RuntimeError(f"receive_weights before init_process_group: this {self.backend} engine is in no sync")
+        if self._rank <= SOURCE_RANK:
+            raise RuntimeError(f"receive_weights on actor rank {self._rank}: only rollout workers (ranks >= 1) receive")
+        return self._rank

@@ -1,66 +1,46 @@
 """The ``gloo`` checkpoint engine: verl weight sync from the actor to the rollout workers on CPU.
 
-verl pushes new actor weights to disaggregated rollout workers through a ``CheckpointEngine``
-(``verl/checkpoint_engine``). Its ``nccl`` engine needs CUDA and cupy; this engine is the CPU
-counterpart with the same topology and lifecycle, so the one-step-off trainer runs the same code on
-both paths and only the configured backend differs:
+verl's ``nccl`` engine needs CUDA and cupy; this engine is its CPU counterpart with the same topology and
+lifecycle, so the trainer runs the same code on both paths and only the configured backend differs:
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=gloo
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300  # optional; the default
 
-(``+`` because verl's default ``engine_kwargs`` is empty; drop it where a YAML already sets the key.) The
-recipe's verl plugin registers the engine in every process, so the backend name is all a config needs.
+(``+`` because verl's default ``engine_kwargs`` is empty.) The recipe's verl plugin registers the engine in
+every process. How a sync runs (verl's ``CheckpointEngineManager`` calls prepare, build_topology,
+init_process_group, send_weights | receive_weights, finalize; the topology is ``SingleSourceEngine``'s, in
+``weight_sync.common``: actor rank 0 sends, the other actor ranks only walk the weight generator):
 
-How a sync runs (verl's ``CheckpointEngineManager`` calls prepare, build_topology,
-init_process_group, send_weights | receive_weights, finalize on every sync):
+- The group is a standalone ``ProcessGroupGloo`` over a ``TCPStore`` that actor rank 0 hosts on a port the OS
+  picks in its first ``prepare()``. It never touches the default process group (FSDP's).
+- The group is kept across syncs (engine kwarg ``keep_group``, default true): building it (a full mesh of TCP
+  connections) was most of a small model's sync time on CPU. In ``init_process_group`` every rank posts on the
+  store which group it holds; only when all ranks hold the same one is it reused, else every rank drops its own
+  and they build a new one under a fresh key. So a restarted or added worker, a changed world size or a sync
+  that failed on any rank (a failing rank drops its group and, on actor rank 0, the store) lead to a fresh
+  group, and no rank waits for a peer that went another way. ``close()`` (or ``keep_group=false``, for which
+  ``finalize()`` closes) releases the group's sockets and threads and, on actor rank 0, the store's port.
+- Weights travel in buckets of at most ``update_weights_bucket_megabytes``; larger tensors are split into
+  chunks (verl's ``split_weight_chunks``) and reassembled. Both sides double-buffer: the sender packs bucket
+  i+1 into one of two buffers while bucket i is broadcast from the other, and a receiver receives bucket i+1
+  while its consumer copies bucket i's tensors. The buffers are kept between syncs (paging fresh ones in every
+  sync halved the throughput). Tensors start at 64-byte aligned offsets, so a receiver can view them in their
+  own dtype.
+- Each bucket is preceded, in-band, by a pickled ``BucketHeader``: its index, byte count, tensor layout and the
+  weight version (``global_steps``) of the sync. A receiver that was told which version to expect fails on any
+  other.
+- Every collective is bounded by ``timeout_s``: a receiver that dies or stalls makes the sender raise
+  ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
+- ``send_weights`` returns the payload, ``send_s`` and its split (``produce_s``: waiting for the weight
+  generator, i.e. the actor's all-gathers; ``wire_wait_s``: waiting for broadcasts; ``pack_s``: the rest) and
+  the join's ``group_s``, ``group_reused``, ``allocate_s``. A rollout worker keeps its own split
+  (``recv_wire_wait_s``, ``recv_load_s``: its consumer loading the tensors) for ``receive_metrics()``.
 
-- Topology (``SingleSourceEngine``, ``weight_sync.common``, shared with the ``checkpoint`` engine):
-  actor rank 0 is rank 0 of a gloo group and the only sender; rollout workers are ranks 1..N. The
-  other actor ranks stay out of the group (rank -1) but still walk the weight generator, because
-  producing each full tensor is an FSDP all-gather that rank 0 is also running.
-- The group is a standalone ``ProcessGroupGloo`` over a ``TCPStore`` that actor rank 0 hosts on a
-  port the OS picks in its first ``prepare()``. It never touches the default process group (FSDP's).
-- The group is kept across syncs (engine kwarg ``keep_group``, default true): verl calls prepare,
-  init_process_group and finalize on every sync, and building a group (a full mesh of TCP
-  connections) was most of a small model's sync time on CPU. In ``init_process_group`` every rank
-  of the sync posts, on the store, which group it holds (the one it built, if its rank and the world
-  size are unchanged); only when all ranks hold the same one is it reused, else every rank drops its
-  own and they build a new one under a fresh key. So a restarted or added worker, a changed world
-  size or a sync that failed on any rank (a failing rank drops its group and, on actor rank 0, the
-  store) all lead to a fresh group, and no rank can wait for a peer that went another way.
-  ``finalize()`` keeps the group; ``close()`` (or ``keep_group=false``, for which finalize closes)
-  releases its sockets, threads and, on actor rank 0, the store's port.
-- Weights travel in buckets of at most ``update_weights_bucket_megabytes``; tensors larger than a
-  bucket are split into bucket-sized chunks (verl's ``split_weight_chunks``) and reassembled.
-  Double buffering on both sides: the sender packs bucket i+1 into one of two buffers while
-  bucket i is broadcast from the other, and a receiver receives bucket i+1 into one of its two
-  buffers while its consumer copies bucket i's tensors out of the other. The two buffers are kept
-  between syncs (2 x bucket size of RAM on actor rank 0 and on each rollout worker): paging fresh
-  ones in every sync halved the throughput. Tensors start at 64-byte aligned offsets in a bucket,
-  so that the receiver can view them in their own dtype.
-- Each bucket is preceded, in-band on the same group, by a small pickled ``BucketHeader``: its
-  index, byte count, tensor layout and the weight version (``global_steps``) of the sync. A
-  receiver that was told which version to expect fails on any other; ``ReceivedWeights.version``
-  (``weight_sync.common``) tells the rollout's server adapter which version it loaded.
-- Every collective is bounded by ``timeout_s`` (engine kwarg): a receiver that dies or stalls makes
-  the sender raise ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
-- Where the time goes: ``send_weights`` returns, besides payload and ``send_s``, the sender's split
-  (``produce_s``: waiting for the weights generator, i.e. the actor's all-gathers; ``wire_wait_s``:
-  waiting for broadcasts; ``pack_s``: the rest, mostly copying into buckets) and this sync's
-  ``group_s`` / ``group_reused``. A rollout worker keeps its own split of the last sync
-  (``recv_wire_wait_s``, ``recv_load_s``: the consumer loading tensors into the model) for
-  ``receive_metrics()`` (``weight_sync.common``), which ``weight_sync.timing`` collects.
-
-The receiver yields ``(name, tensor)`` in the dtype and shape the actor sent, under the contract of
-verl's ``nccl`` engine (``NCCLCheckpointEngine.receive_weights``): **a yielded tensor is valid only
-until the consumer asks for the next item.** A tensor that fits in a bucket is a view into a receive
-buffer that a later bucket overwrites; only a tensor larger than a bucket, reassembled from its
-chunks, is yielded as memory of its own. So a consumer copies each tensor where it belongs before
-it pulls the next one, as verl's vLLM server adapter and ``HFServerAdapter.update_weights``
-(``rollout/hf/server.py``) do, and ``.clone()``s whatever it keeps. This spares the receiver a copy and
-fresh pages for every tensor; ``python -m benchmarks gloo-engine`` compares a sync, loaded into a model
-as a server adapter does, with a raw gloo broadcast of the same bytes.
+The receiver's contract is ``ReceivedWeights``' (verl's ``nccl`` engine's): a tensor that fits in a bucket is
+yielded as a view into a receive buffer that a later bucket overwrites, so verl's vLLM server adapter copies
+it into place before pulling the next. ``python -m benchmarks gloo-engine`` compares a sync, loaded into a
+model, with a raw gloo broadcast of the same bytes.
 """
 
 from __future__ import annotations
@@ -94,8 +74,8 @@ __all__ = ["BucketHeader", "GlooCheckpointEngine", "StoreAddress"]
 logger = logging.getLogger(__name__)
 
 ALIGNMENT = 64
-"""Bytes: every tensor (chunk) starts at a multiple of this in a bucket, so that the receiver can view
-it in any dtype (``Tensor.view(dtype)`` needs an offset divisible by the item size)."""
+"""Bytes: every tensor (chunk) starts at a multiple of this in a bucket (``Tensor.view(dtype)`` needs an
+offset divisible by the item size)."""
 
 
 @dataclass(frozen=True)
@@ -115,24 +95,10 @@ class BucketHeader:
     version: int | None
     """The weight version (trainer ``global_steps``) of the sync; the same in every bucket."""
     index: int
-    """Position of the bucket in the sync, from 0."""
     nbytes: int
-    """Bytes of payload that follow."""
     is_last: bool
     tensors: tuple[TensorMeta, ...]
-    """Layout of the payload: one entry per tensor or tensor chunk, at ``offset`` in the bucket."""
-
-
-@dataclass(frozen=True)
-class _GroupKey:
-    """Which group an engine holds: its seat in it and the sync that built it (the store key)."""
-
-    rank: int
-    world_size: int
-    sync: int
-
-    def same_seat(self, other: _GroupKey) -> bool:
-        return (self.rank, self.world_size) == (other.rank, other.world_size)
+    """One entry per tensor or tensor chunk, at ``offset`` in the bucket."""
 
 
 @CheckpointEngineRegistry.register("gloo")
@@ -158,17 +124,17 @@ class GlooCheckpointEngine(SingleSourceEngine):
         super().__init__(bucket_size, is_master=is_master, timeout_s=timeout_s)
         self.keep_group = keep_group
         self._timeout = timedelta(seconds=timeout_s)
-        self._syncs = 0
-        self._prepared = 0
+        self._syncs = 0  # joined, for messages
+        self._prepared = 0  # actor rank 0's prepare() calls
+        self._last_sync = 0  # the latest StoreAddress.sync joined
         self._store: dist.TCPStore | None = None
         self._store_address: tuple[str, int] | None = None
         self._group: dist.ProcessGroupGloo | None = None
-        self._group_key: _GroupKey | None = None
+        self._group_key: tuple[int, int, int] | None = None  # this rank's seat in it, and the sync that built it
+        self._posted: str | None = None  # this rank's key on the store from the latest sync
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self._join: dict[str, float] = {}
-        self._wire_wait_s = 0.0  # of the receive in progress
-        self._last_sync = 0  # the latest StoreAddress.sync joined
-        self._posted: str | None = None  # this rank's key on the store from the latest sync
+        self._wire_wait_s = 0.0  # of the send or receive in progress
 
     def prepare(self) -> StoreAddress | None:
         """Return the store's address on actor rank 0 (opened on first use); other workers return None."""
@@ -178,13 +144,11 @@ class GlooCheckpointEngine(SingleSourceEngine):
             return None
         if self._store is None:
             host = ray.util.get_node_ip_address().strip("[]")
-            # Port 0: the OS picks a free port while binding, so no other process can take it
-            # between choosing and binding.
+            # Port 0: the OS picks a free port while binding, so no other process can take it in between.
             self._store = dist.TCPStore(host, 0, is_master=True, timeout=self._timeout, wait_for_workers=False)
             self._store_address = (host, self._store.port)
         self._prepared += 1
-        host, port = self._store_address
-        return StoreAddress(host=host, port=port, sync=self._prepared)
+        return StoreAddress(*self._store_address, sync=self._prepared)
 
     def init_process_group(self, rank: int, world_size: int, store_address: StoreAddress) -> None:
         """Join this sync's gloo group: the one every rank still holds, or a new one (blocks until all
@@ -196,26 +160,8 @@ class GlooCheckpointEngine(SingleSourceEngine):
         if rank == SOURCE_RANK and self._store is None:
             raise RuntimeError("init_process_group(rank=0) before prepare(): the sender hosts the store")
         start = time.perf_counter()
-        allocate_s = 0.0
         try:
-            address = (store_address.host, store_address.port)
-            # A sync number that did not grow: a new actor rank 0 (its count restarted) on the same port.
-            new_store = self._store_address != address or store_address.sync <= self._last_sync
-            if rank != SOURCE_RANK and new_store:
-                self._close_group()
-                self._store = dist.TCPStore(*address, is_master=False, timeout=self._timeout)
-                self._store_address = address
-            self._last_sync = store_address.sync
-            key = _GroupKey(rank=rank, world_size=world_size, sync=store_address.sync)
-            if not self._all_hold_my_group(key):
-                self._group, self._group_key = None, None  # drop the old one before joining the next
-                prefixed = dist.PrefixStore(f"group/{key.sync}", self._store)
-                # Uses GLOO_SOCKET_IFNAME when set, like torch's default gloo group.
-                self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, self._timeout)
-                self._group_key = key
-                reused = False
-            else:
-                reused = True
+            reused = self._join_group(rank, world_size, store_address)
         except RuntimeError as error:
             self._close_group()
             raise WeightSyncError(
@@ -224,38 +170,45 @@ class GlooCheckpointEngine(SingleSourceEngine):
                 "reach init_process_group (check the other workers' logs), or this host cannot reach that "
                 f"address (set GLOO_SOCKET_IFNAME). Cause: {error}"
             ) from error
-        if self._buffers is None:
-            allocated = time.perf_counter()
-            # Kept across syncs: fresh buffers are paged in again on every sync, which halved the
-            # throughput of a 300 MB sync in the gloo-engine benchmark.
-            self._buffers = (
-                torch.empty(self.bucket_size, dtype=torch.uint8),
-                torch.empty(self.bucket_size, dtype=torch.uint8),
-            )
-            allocate_s = time.perf_counter() - allocated
+        allocated = time.perf_counter()
+        if self._buffers is None:  # kept across syncs (see the module docstring)
+            self._buffers = tuple(torch.empty(self.bucket_size, dtype=torch.uint8) for _ in range(2))
         self._join = {
             "checkpoint_engine/group_s": time.perf_counter() - start,
             "checkpoint_engine/group_reused": float(reused),
-            "checkpoint_engine/allocate_s": allocate_s,
+            "checkpoint_engine/allocate_s": time.perf_counter() - allocated,
         }
 
-    def _all_hold_my_group(self, key: _GroupKey) -> bool:
-        """Post which group this rank holds for ``key``'s rank and world size, then read every rank's
-        post for this sync: True only if all hold the same group (then it is reused)."""
-        mine = self._group_key
-        held = mine.sync if self._group is not None and mine is not None and mine.same_seat(key) else -1
-        keys = [f"sync/{key.sync}/holds/{rank}" for rank in range(key.world_size)]
-        if self._posted is not None:
-            # Every rank read it before the previous sync's init_process_group returned.
+    def _join_group(self, rank: int, world_size: int, address: StoreAddress) -> bool:
+        """Reuse the group all ranks of this sync hold (True), or build a new one with them (False)."""
+        # A sync number that did not grow: a new actor rank 0 (its count restarted) on the same port.
+        if rank != SOURCE_RANK and (
+            self._store_address != (address.host, address.port) or address.sync <= self._last_sync
+        ):
+            self._close_group()
+            self._store = dist.TCPStore(address.host, address.port, is_master=False, timeout=self._timeout)
+            self._store_address = (address.host, address.port)
+        self._last_sync = address.sync
+        # Post which group this rank holds for its seat, then read every rank's post for this sync.
+        key = self._group_key
+        held = key[2] if self._group is not None and key is not None and key[:2] == (rank, world_size) else -1
+        posts = [f"sync/{address.sync}/holds/{r}" for r in range(world_size)]
+        if self._posted is not None:  # every rank read it before the previous sync's init_process_group returned
             self._store.delete_key(self._posted)
-        self._store.set(keys[key.rank], str(held))
-        self._posted = keys[key.rank]
-        self._store.wait(keys, self._timeout)
-        return held >= 0 and all(int(value) == held for value in self._store.multi_get(keys))
+        self._store.set(posts[rank], str(held))
+        self._posted = posts[rank]
+        self._store.wait(posts, self._timeout)
+        if held >= 0 and all(int(value) == held for value in self._store.multi_get(posts)):
+            return True
+        self._group, self._group_key = None, None  # drop the old one before joining the next
+        prefixed = dist.PrefixStore(f"group/{address.sync}", self._store)
+        # Uses GLOO_SOCKET_IFNAME when set, like torch's default gloo group.
+        self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, self._timeout)
+        self._group_key = (rank, world_size, address.sync)
+        return False
 
     def finalize(self) -> None:
-        """End this sync. The group stays for the next sync unless ``keep_group`` is false; then its
-        sockets, gloo threads and (on actor rank 0) the store's port are released now."""
+        """End this sync. The group stays for the next sync unless ``keep_group`` is false."""
         if not self.keep_group:
             self._close_group()
         self._rank = None
@@ -274,70 +227,80 @@ class GlooCheckpointEngine(SingleSourceEngine):
         if self._sending_rank() != SOURCE_RANK:
             await drain(weights)
             return {}
+        start = time.perf_counter()
+        self._wire_wait_s = 0.0
+        pending: list[_Pending | None] = [None, None]  # the broadcasts from each buffer
+        slot, offset, buckets, sent, metas = 0, 0, 0, 0, []
 
-        pipeline = _SendPipeline(
-            self._buffers,
-            self._broadcast,
-            describe=f"gloo weight sync #{self._syncs} (weight version {global_steps})",
-            receivers=self._world_size - 1,
-            timeout_s=self.timeout_s,
-            version=global_steps,
-        )
-        offset, metas = 0, []
+        def post(is_last: bool) -> None:
+            """Start broadcasting the bucket packed in the current buffer."""
+            header = BucketHeader(global_steps, buckets, offset, is_last, tuple(metas))
+            encoded = torch.frombuffer(bytearray(pickle.dumps(header)), dtype=torch.uint8)
+            length = torch.tensor([encoded.numel()], dtype=torch.int64)
+            payload = self._buffers[slot][:offset]
+            pending[slot] = _Pending(buckets, [self._broadcast(t) for t in (length, encoded, payload)])
+
+        def failed(index: int) -> str:
+            return (
+                f"gloo weight sync #{self._syncs} (weight version {global_steps}): broadcasting bucket {index} to "
+                f"{self._world_size - 1} rollout worker(s) failed after {time.perf_counter() - start:.1f}s. A rollout "
+                "worker most likely died or stopped receiving (check the rollout workers' logs); a worker that is "
+                f"alive but stalled fails the sync after timeout_s={self.timeout_s}."
+            )
+
         produce_s, produce_start = 0.0, time.perf_counter()
         try:
             async for meta, chunk in split_weight_chunks(_contiguous(weights), self.bucket_size):
                 produce_s += time.perf_counter() - produce_start
-                start = -(-offset // ALIGNMENT) * ALIGNMENT
-                if start + meta.chunk_size > self.bucket_size:
-                    await pipeline.send(offset, metas, is_last=False)
-                    start, metas = 0, []
+                aligned = -(-offset // ALIGNMENT) * ALIGNMENT
+                if aligned + meta.chunk_size > self.bucket_size:
+                    post(is_last=False)
+                    slot, buckets, sent, aligned, metas = 1 - slot, buckets + 1, sent + offset, 0, []
+                    await self._wait(pending[slot], failed)  # the buffer packed next is free once its bucket arrived
                 # Copied now, while the generator has not moved on: it may reuse a tensor's memory.
-                pipeline.buffer[start : start + meta.chunk_size].copy_(chunk)
-                meta.offset = start
+                self._buffers[slot][aligned : aligned + meta.chunk_size].copy_(chunk)
+                meta.offset = aligned
                 metas.append(meta)
-                offset = start + meta.chunk_size
+                offset = aligned + meta.chunk_size
                 produce_start = time.perf_counter()
             produce_s += time.perf_counter() - produce_start
-            await pipeline.send(offset, metas, is_last=True)
-            await pipeline.drain()
+            post(is_last=True)
+            buckets, sent = buckets + 1, sent + offset
+            for index in (1 - slot, slot):
+                await self._wait(pending[index], failed)
         except BaseException:
             # Let go of every pending broadcast, so closing the group closes its sockets now and the
             # receivers fail at once instead of at their timeout.
-            pipeline.abandon()
+            for unfinished in pending:
+                if unfinished is not None:
+                    unfinished.works.clear()
             self._close_group()
             raise
-
-        seconds = time.perf_counter() - pipeline.start
+        seconds = time.perf_counter() - start
         logger.info(
             "gloo weight sync #%d (version %s): sent %.1f MiB in %d buckets to %d workers in %.2fs",
             self._syncs,
             global_steps,
-            pipeline.sent_bytes / 2**20,
-            pipeline.buckets,
+            sent / 2**20,
+            buckets,
             self._world_size - 1,
             seconds,
         )
         return {
-            "checkpoint_engine/payload_mbytes": pipeline.sent_bytes / 2**20,
-            "checkpoint_engine/buckets": float(pipeline.buckets),
+            "checkpoint_engine/payload_mbytes": sent / 2**20,
+            "checkpoint_engine/buckets": float(buckets),
             "checkpoint_engine/send_s": seconds,
             "checkpoint_engine/produce_s": produce_s,
-            "checkpoint_engine/wire_wait_s": pipeline.wait_s,
-            "checkpoint_engine/pack_s": max(0.0, seconds - produce_s - pipeline.wait_s),
+            "checkpoint_engine/wire_wait_s": self._wire_wait_s,
+            "checkpoint_engine/pack_s": max(0.0, seconds - produce_s - self._wire_wait_s),
             **self._join,
         }
 
     def receive_weights(self, global_steps: int | None = None) -> ReceivedWeights:
         """The weights the actor broadcasts in this sync (rollout workers).
 
-        Same contract as verl's ``NCCLCheckpointEngine.receive_weights``: each yielded tensor is
-        valid only until the consumer asks for the next item. Tensors that fit in a bucket are
-        views into one of two receive buffers, which later buckets overwrite: while the consumer
-        copies bucket i's tensors out of one buffer, bucket i+1 is received into the other, and
-        bucket i's buffer is reused (for bucket i+2) once the consumer asked for the item after
-        bucket i's last tensor. A tensor larger than a bucket is reassembled into memory of its own.
-        Copy each tensor into place, or ``.clone()`` it, before pulling the next.
+        While the consumer copies bucket i's tensors out of one buffer, bucket i+1 is received into the other;
+        bucket i's buffer is reused once the consumer asked for the item after bucket i's last tensor.
 
         Args:
             global_steps: The weight version the trainer announced for this sync. When given, a sync
@@ -358,26 +321,33 @@ class GlooCheckpointEngine(SingleSourceEngine):
         self._received, self._wire_wait_s, load_s = {}, 0.0, 0.0
         arriving: dict[str, torch.Tensor] = {}
         pending: _Pending | None = None
+
+        def failed(index: int) -> str:
+            return (
+                f"gloo weight sync #{self._syncs}: rollout rank {self._rank} failed receiving bucket {index} from "
+                f"actor rank 0 after {time.perf_counter() - start:.1f}s. The actor most likely died or failed earlier "
+                f"in this sync (check actor rank 0's log), or stalled for longer than timeout_s={self.timeout_s}."
+            )
+
         try:
-            header = await self._receive_header(0, expected_version, start)
+            header = await self._receive_header(0, expected_version, failed)
             stream.version = header.version
             slot = 0
-            pending = self._receive_payload(header, self._buffers[slot])
+            pending = _Pending(0, [self._broadcast(self._buffers[slot][: header.nbytes])])
             while True:
-                await self._wait_received(pending, start)
+                await self._wait(pending, failed)
                 if not header.is_last:
                     # Post the next bucket before unpacking this one: it arrives meanwhile.
-                    next_header = await self._receive_header(header.index + 1, header.version, start)
-                    pending = self._receive_payload(next_header, self._buffers[1 - slot])
-                # Views into this buffer: it is posted again (for bucket i+2) only after the
-                # consumer asked for the item after this bucket's last tensor.
+                    following = await self._receive_header(header.index + 1, header.version, failed)
+                    payload = self._buffers[1 - slot][: following.nbytes]
+                    pending = _Pending(following.index, [self._broadcast(payload)])
                 for name, tensor in self._unpack(header, self._buffers[slot], arriving):
                     handed = time.perf_counter()
                     yield name, tensor
                     load_s += time.perf_counter() - handed
                 if header.is_last:
                     break
-                header, slot = next_header, 1 - slot
+                header, slot = following, 1 - slot
         except BaseException:
             # Let go of the pending receive, so closing the group closes its sockets now and the
             # sender fails at once instead of at its timeout.
@@ -404,11 +374,13 @@ class GlooCheckpointEngine(SingleSourceEngine):
             load_s,
         )
 
-    async def _receive_header(self, index: int, expected_version: int | None, start: float) -> BucketHeader:
+    async def _receive_header(
+        self, index: int, expected_version: int | None, failed: Callable[[int], str]
+    ) -> BucketHeader:
         length = torch.empty(1, dtype=torch.int64)
-        await self._wait_received(_Pending(index=index, works=[self._broadcast(length)]), start)
+        await self._wait(_Pending(index, [self._broadcast(length)]), failed)
         encoded = torch.empty(int(length.item()), dtype=torch.uint8)
-        await self._wait_received(_Pending(index=index, works=[self._broadcast(encoded)]), start)
+        await self._wait(_Pending(index, [self._broadcast(encoded)]), failed)
         header: BucketHeader = pickle.loads(encoded.numpy().tobytes())
         if header.index != index:
             raise WeightSyncError(
@@ -422,9 +394,6 @@ class GlooCheckpointEngine(SingleSourceEngine):
                 "trainer and the rollout disagree on which step's weights are being synced"
             )
         return header
-
-    def _receive_payload(self, header: BucketHeader, buffer: torch.Tensor) -> _Pending:
-        return _Pending(index=header.index, works=[self._broadcast(buffer[: header.nbytes])])
 
     def _unpack(
         self, header: BucketHeader, buffer: torch.Tensor, arriving: dict[str, torch.Tensor]
@@ -452,29 +421,26 @@ class GlooCheckpointEngine(SingleSourceEngine):
             if meta.chunk_offset + meta.chunk_size == tensor.nbytes:
                 yield meta.name, arriving.pop(meta.name)
 
-    async def _wait_received(self, pending: _Pending, start: float) -> None:
+    async def _wait(self, pending: _Pending | None, failed: Callable[[int], str]) -> None:
+        """Wait for ``pending``'s broadcasts (counted in ``_wire_wait_s``); on an error, ``WeightSyncError(failed(bucket))``."""
+        if pending is None:
+            return
         waited = time.perf_counter()
         try:
             await asyncio.to_thread(pending.wait)
-            self._wire_wait_s += time.perf_counter() - waited
         except RuntimeError as error:
-            raise WeightSyncError(
-                f"gloo weight sync #{self._syncs}: rollout rank {self._rank} failed receiving bucket {pending.index} "
-                f"from actor rank 0 after {time.perf_counter() - start:.1f}s. The actor most likely died or failed "
-                f"earlier in this sync (check actor rank 0's log), or stalled for longer than "
-                f"timeout_s={self.timeout_s}. Cause: {error}"
-            ) from error
+            raise WeightSyncError(f"{failed(pending.index)} Cause: {error}") from error
+        self._wire_wait_s += time.perf_counter() - waited
 
     def _close_group(self) -> None:
         # Dropping the last references closes the group's sockets and joins its threads, and closes
         # the store (on actor rank 0 that frees the port).
-        self._group, self._group_key, self._store, self._store_address = None, None, None, None
-        self._posted = None
+        self._group, self._group_key, self._store, self._store_address, self._posted = None, None, None, None, None
 
 
 @dataclass
 class _Pending:
-    """Broadcasts of one bucket (header length, header, payload) that may not have completed yet."""
+    """Broadcasts of one bucket that may not have completed yet."""
 
     index: int
     works: list[dist.Work]
@@ -484,85 +450,6 @@ class _Pending:
         # holds) referenced from this frame in the error's traceback.
         while self.works:
             self.works.pop(0).wait()
-
-
-class _SendPipeline:
-    """The sender's side of one sync: buckets are packed into two buffers in turn, and a buffer is
-    packed again only once everyone received the bucket last broadcast from it."""
-
-    def __init__(
-        self,
-        buffers: tuple[torch.Tensor, torch.Tensor],
-        broadcast: Callable[[torch.Tensor], dist.Work],
-        *,
-        describe: str,
-        receivers: int,
-        timeout_s: float,
-        version: int | None,
-    ) -> None:
-        self._buffers = buffers
-        self._broadcast = broadcast
-        self._describe = describe
-        self._receivers = receivers
-        self._timeout_s = timeout_s
-        self._version = version
-        self.start = time.perf_counter()
-        self.buckets = 0
-        self.sent_bytes = 0
-        self.wait_s = 0.0
-        """Seconds spent waiting for broadcasts to complete."""
-        self._slot = 0
-        self._in_flight: list[_Pending | None] = [None, None]
-
-    @property
-    def buffer(self) -> torch.Tensor:
-        """Where the next bucket is packed; free to overwrite."""
-        return self._buffers[self._slot]
-
-    async def send(self, nbytes: int, metas: list[TensorMeta], *, is_last: bool) -> None:
-        """Start broadcasting the bucket packed in ``buffer[:nbytes]``, then wait until the other
-        buffer is free to pack the next one."""
-        header = BucketHeader(
-            version=self._version,
-            index=self.buckets,
-            nbytes=nbytes,
-            is_last=is_last,
-            tensors=tuple(metas),
-        )
-        encoded = torch.frombuffer(bytearray(pickle.dumps(header)), dtype=torch.uint8)
-        length = torch.tensor([encoded.numel()], dtype=torch.int64)
-        works = [self._broadcast(length), self._broadcast(encoded), self._broadcast(self.buffer[:nbytes])]
-        self._in_flight[self._slot] = _Pending(index=header.index, works=works)
-        self.buckets += 1
-        self.sent_bytes += header.nbytes
-        self._slot = 1 - self._slot
-        await self._wait(self._in_flight[self._slot])
-
-    async def drain(self) -> None:
-        """Wait until every bucket sent has been received."""
-        for pending in (self._in_flight[self._slot], self._in_flight[1 - self._slot]):
-            await self._wait(pending)
-
-    def abandon(self) -> None:
-        """Drop every pending broadcast of a failed sync."""
-        for pending in self._in_flight:
-            if pending is not None:
-                pending.works.clear()
-
-    async def _wait(self, pending: _Pending | None) -> None:
-        if pending is None:
-            return
-        waited = time.perf_counter()
-        try:
-            await asyncio.to_thread(pending.wait)
-            self.wait_s += time.perf_counter() - waited
-        except RuntimeError as error:
-            raise WeightSyncError(
-                f"{self._describe}: broadcasting bucket {pending.index} to {self._receivers} rollout worker(s) "
-                f"failed after {time.perf_counter() - self.start:.1f}s. A rollout worker most likely died or "
-                "stopped receiving (check the rollout workers' logs); a worker that is alive but stalled fails "
-                f"the sync after timeout_s={self._timeout_s}. Cause: {error}"
-            ) from error
 
 
 async def _contiguous(weights: NamedTensors) -> AsyncIterator[tuple[str, torch.Tensor]]:

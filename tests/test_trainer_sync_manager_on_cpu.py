@@ -1,11 +1,12 @@
-"""Tests of ``recipe.one_step_off_async.weight_sync.timing``: the weight-sync phase timings.
+"""Tests of the trainer's weight-sync manager (``trainer/sync_manager.py``, ``OneStepOffCheckpointManager``): the
+phase timings of a sync, its deadline, and replicas that are never put to sleep.
 
 verl's ``CheckpointEngineManager.update_weights`` runs unmodified on fake replicas and worker
 groups (no Ray: verl's module-level ``ray.get`` and ``RayWorkerGroup`` are replaced by stand-ins for
 the test). Every fake step advances a fake clock by its own power of two, so each reported
 phase must equal exactly the steps it covers, and the total the sum of all of them.
 
-    pytest tests/test_weight_sync_timing_on_cpu.py -q
+    pytest tests/test_trainer_sync_manager_on_cpu.py -q
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ import ast
 import asyncio
 import inspect
 import textwrap
+import threading
 import types
 
 import pytest
+from omegaconf import OmegaConf
 from verl.checkpoint_engine import base as verl_checkpoint_engine
 from verl.checkpoint_engine.base import CheckpointEngineManager
+from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.workers.config import CheckpointEngineConfig
 
-from recipe.one_step_off_async.weight_sync import timing as sync_timing
+from recipe.one_step_off_async.errors import ConfigError, PipelineTimeoutError
+from recipe.one_step_off_async.trainer import sync_manager
+from recipe.one_step_off_async.trainer.sync_manager import OneStepOffCheckpointManager
 from recipe.one_step_off_async.weight_sync.gloo import StoreAddress
-from recipe.one_step_off_async.weight_sync.timing import PHASE_METHODS, TimedCheckpointEngineManager
+
+PHASE_METHODS = OneStepOffCheckpointManager.PHASE_METHODS
 
 # Fake seconds each step takes; distinct powers of two, so any sum identifies its parts.
 COST = {
@@ -92,7 +99,7 @@ class FakeWorkerGroup:
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
     clock = FakeClock()
-    monkeypatch.setattr(sync_timing, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(sync_manager, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
 
     def rollout_group(worker_handles, ray_cls_with_init):
         clock.advance("worker_group")
@@ -100,13 +107,13 @@ def clock(monkeypatch) -> FakeClock:
 
     monkeypatch.setattr(verl_checkpoint_engine, "RayWorkerGroup", rollout_group)
     monkeypatch.setattr(verl_checkpoint_engine, "ray", types.SimpleNamespace(get=lambda refs: refs))
-    monkeypatch.setattr(sync_timing, "ray", types.SimpleNamespace(get=lambda refs: refs))
+    monkeypatch.setattr(sync_manager, "ray", types.SimpleNamespace(get=lambda refs: refs))
     return clock
 
 
-def _manager(clock: FakeClock, backend: str = "gloo") -> TimedCheckpointEngineManager:
+def _manager(clock: FakeClock, backend: str = "gloo") -> OneStepOffCheckpointManager:
     config = CheckpointEngineConfig(backend=backend, custom_backend_module="recipe.one_step_off_async.weight_sync.gloo")
-    return TimedCheckpointEngineManager(
+    return OneStepOffCheckpointManager(
         config=config,
         actor_wg=FakeWorkerGroup(clock, world_size=2, sends=True),
         replicas=[FakeReplica(clock), FakeReplica(clock)],
@@ -137,11 +144,22 @@ def test_update_weights_called_from_synchronous_code_reports_every_phase(clock):
     _assert_sync_metrics(_manager(clock).update_weights(global_steps=3))
 
 
-def test_update_weights_awaited_in_a_running_loop_reports_every_phase(clock):
-    async def trainer() -> dict[str, float]:
-        return await _manager(clock).update_weights(global_steps=3)
+def test_update_weights_with_a_deadline_reports_every_phase_or_fails_naming_the_key(clock):
+    manager = _manager(clock)
+    checks = []
+    manager.set_deadline(timeout_s=30, check=lambda: checks.append(1))
+    _assert_sync_metrics(manager.update_weights(global_steps=3))  # run on the deadline's thread
 
-    _assert_sync_metrics(asyncio.run(trainer()))
+    stuck = threading.Event()
+    manager.actor_wg.update_weights = lambda **kwargs: stuck.wait()  # a receiver that never answers
+    manager.set_deadline(timeout_s=0.2, check=lambda: None)
+    try:
+        with pytest.raises(
+            PipelineTimeoutError, match=r"v4 .* within 0.2 s \(async_training.sync_timeout_s\).*\(gloo\)"
+        ):
+            manager.update_weights(global_steps=4)
+    finally:
+        stuck.set()
 
 
 def test_update_weights_called_synchronously_inside_a_running_loop_reports_every_phase(clock):
@@ -209,4 +227,45 @@ def test_verl_update_weights_still_calls_exactly_the_timed_phase_methods():
     assert '["finalize"]' in between
     assert "RayWorkerGroup(" in source[source.index("self.abort_replicas(") : source.index("self.release_kv")]
     for name in PHASE_METHODS:  # each is overridden here, so none runs untimed
-        assert name in TimedCheckpointEngineManager.__dict__, name
+        assert name in OneStepOffCheckpointManager.__dict__, name
+
+
+def test_verl_builds_the_manager_the_trainer_names():
+    """Tripwire: ``DisjointPoolsTrainer`` chooses the manager through this key, which verl's ``init_workers`` reads."""
+    assert '"checkpoint_manager_class"' in inspect.getsource(SeparateRayPPOTrainer.init_workers)
+
+
+def test_the_replicas_are_never_put_to_sleep(clock):
+    """verl's generation step calls ``sleep_replicas``; the rollout pool generates the batches ahead meanwhile."""
+    manager = _manager(clock)
+    for replica in manager.replicas:
+        replica.sleep = None  # verl's manager would call it
+    manager.sleep_replicas()
+    assert clock.now == 1000.0
+
+
+class SubclassedManager(OneStepOffCheckpointManager):
+    """A user's manager that extends the recipe's."""
+
+
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [
+        (None, None),
+        (f"{__name__}.SubclassedManager", None),
+        ("verl.checkpoint_engine.base.CheckpointEngineManager", "is not a subclass of"),
+        ("no_such_module.Manager", "does not import"),
+    ],
+)
+def test_the_sync_manager_is_the_recipes_or_a_subclass_and_any_other_class_is_refused_naming_the_key(name, refused):
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"checkpoint_manager_class": name}}})
+    if refused is None:
+        assert sync_manager.checkpoint_manager_class(config) is (
+            SubclassedManager if name else OneStepOffCheckpointManager
+        )
+        return
+    with pytest.raises(ConfigError) as error:
+        sync_manager.checkpoint_manager_class(config)
+    (problem,) = error.value.problems
+    assert problem.startswith(f"actor_rollout_ref.rollout.checkpoint_manager_class={name} {refused}")
+    assert "subclass recipe.one_step_off_async.trainer.sync_manager.OneStepOffCheckpointManager" in problem
