@@ -9,16 +9,16 @@ training, removes the versions every receiver has loaded on the next write. Thro
 bytes / wall time (not multiplied by the number of receivers); the number to watch is the ratio
 checkpoint / gloo, taken per repetition from two syncs run back to back, so load on a shared
 machine affects both alike. The per-sync setup and teardown (prepare, init_process_group, finalize)
-are reported apart. With ``--consumer drop`` the file engine's receivers never touch the payload
-(they yield views of the files as safetensors maps them; pages are read on first touch), so only
-``--consumer load`` compares the two engines like for like.
+are reported apart. With ``--consumer drop`` the receivers discard what the engine yields (the file engine
+has read each tensor from its file by then); ``--consumer load`` also copies it into a model, as a rollout
+worker does.
 
 Why: the file engine trades the broadcast's pipelining for files (written whole, then read by
 every receiver); this shows what that costs where both engines can run, one node.
 
 How:
     python -m benchmarks checkpoint-engine --consumer load      # 2 receivers, 64 MiB shards, 5 reps
-    python -m benchmarks checkpoint-engine                      # receivers drop the tensors unread
+    python -m benchmarks checkpoint-engine                      # receivers discard the tensors
     python -m benchmarks checkpoint-engine --dir /mnt/nfs/tmp --layers 4
 """
 
@@ -38,7 +38,9 @@ ENGINES = ("gloo", "checkpoint")
 def main(argv: list[str]) -> None:
     parser = argument_parser(__name__, __doc__)
     add_engine_arguments(
-        parser, bucket_help="gloo bucket and checkpoint shard size", drop_help="the engines alone, the files unread"
+        parser,
+        bucket_help="gloo bucket and checkpoint shard size",
+        drop_help="the engines alone, nothing loaded into a model",
     )
     parser.add_argument("--dir", default="/dev/shm", help="where the file engine's folder is made")
     args = parser.parse_args(argv)

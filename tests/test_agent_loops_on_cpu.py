@@ -23,6 +23,7 @@ from verl.workers.rollout.replica import TokenOutput
 from recipe.one_step_off_async.demo import tool_task
 from recipe.one_step_off_async.demo.task import Problem
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
+from recipe.one_step_off_async.demo.warm_start import encode_conversation
 from recipe.one_step_off_async.elastic.client import REGENERATED
 from recipe.one_step_off_async.errors import ConfigError, WeightVersionError
 from recipe.one_step_off_async.rollout.partial import RECOMPUTED_PREFILL, VERSION_RUNS
@@ -100,7 +101,7 @@ def test_the_tool_is_called_and_the_prompt_of_each_turn_is_the_warm_starts_conve
         {"role": "tool", "content": PROBLEM.answer},
         {"role": "assistant", "content": PROBLEM.answer},
     ]
-    ids, labels = tool_task.encode_conversation(TOKENIZER, conversation)
+    ids, labels = encode_conversation(TOKENIZER, conversation)
     # What the model was trained on is exactly what verl's loop sends it, turn by turn.
     assert client.prompts[1] == ids[: len(ids) - len(ANSWER)]
     assert output.prompt_ids + output.response_ids == ids
@@ -162,7 +163,7 @@ def test_a_sync_between_turns_is_caught_in_synchronous_mode_even_from_version_0(
         non_tensors={key: np.array([fields[key]], dtype=object) for key in ("min_global_steps", "max_global_steps")},
     )
     with pytest.raises(WeightVersionError, match="across weight versions v0..v1"):
-        measured_weight_version(1, batch, 0, "hf", "test")
+        measured_weight_version(1, batch, 0, "vllm", "test")
 
 
 @pytest.mark.parametrize("response_length", [90, len(CALL) + 17 + 3])

@@ -30,7 +30,7 @@ from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token
 from recipe.one_step_off_async.demo import assets as assets_module
 from recipe.one_step_off_async.demo import long_tail, tool_task
 from recipe.one_step_off_async.demo.assets import ASSETS_VERSION, CACHE_DIR_ENV, asset_dir, ensure_assets
-from recipe.one_step_off_async.demo.evaluate import accuracy, generate_responses, read_rows
+from recipe.one_step_off_async.demo.evaluate import accuracy, generate_responses
 from recipe.one_step_off_async.demo.model import init_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
 from recipe.one_step_off_async.demo.task import (
@@ -190,7 +190,7 @@ def test_graded_task_asks_the_same_problems_under_its_own_data_source(assets):
 def test_every_prompt_and_answer_fits_the_documented_lengths(assets):
     tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
     for path in (assets.train_file, assets.val_file):
-        for row in read_rows(path):
+        for row in pq.read_table(path).to_pylist():
             assert len(encode_chat_prompt(tokenizer, row["prompt"])) == MAX_PROMPT_LENGTH
             answer = row["reward_model"]["ground_truth"]
             assert len(tokenizer.encode(answer)) + 1 <= MAX_RESPONSE_LENGTH  # + eos
@@ -303,7 +303,11 @@ def test_warm_started_model_accuracy_is_in_band(assets):
 def test_warm_started_model_mostly_drops_repeats_like_its_teacher(assets):
     tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
     model = AutoModelForCausalLM.from_pretrained(assets.model_dir).eval()
-    rows = [row for row in read_rows(assets.val_file) if len(set(row["reward_model"]["ground_truth"])) < NUM_LETTERS]
+    rows = [
+        row
+        for row in pq.read_table(assets.val_file).to_pylist()
+        if len(set(row["reward_model"]["ground_truth"])) < NUM_LETTERS
+    ]
     responses = generate_responses(model, tokenizer, [row["prompt"] for row in rows], temperature=0.0, seed=0)
     deduplicated = ["".join(sorted(set(row["reward_model"]["ground_truth"]))) for row in rows]
     assert sum(map(str.__eq__, responses, deduplicated)) >= 0.5 * len(rows)
@@ -553,16 +557,16 @@ def test_a_heavy_tail_sample_whose_drawn_budget_did_not_reach_the_reward_is_refu
 
 
 def test_tool_use_rows_name_verls_tool_agent_loop_and_ask_the_sort_problems(assets):
-    rows = read_rows(assets.tool_train_file)
+    rows = pq.read_table(assets.tool_train_file).to_pylist()
     assert {row["agent_name"] for row in rows} == {"tool_agent"}
     assert {row["data_source"] for row in rows} == {tool_task.DATA_SOURCE}
-    assert [row["prompt"] for row in rows] == [row["prompt"] for row in read_rows(assets.train_file)]
+    assert [row["prompt"] for row in rows] == [row["prompt"] for row in pq.read_table(assets.train_file).to_pylist()]
 
 
 def test_tool_use_model_mostly_calls_the_tool_with_the_prompts_letters(assets):
     tokenizer = AutoTokenizer.from_pretrained(assets.tool_model_dir)
     model = AutoModelForCausalLM.from_pretrained(assets.tool_model_dir).eval()
-    rows = read_rows(assets.tool_val_file)[:32]
+    rows = pq.read_table(assets.tool_val_file).to_pylist()[:32]
     prompts = [encode_chat_prompt(tokenizer, row["prompt"]) for row in rows]
     calls = 0
     with torch.random.fork_rng(devices=[]):

@@ -56,12 +56,16 @@ class OwnAgentLoopManager(OneStepOffAgentLoopManager):
 
 
 @pytest.mark.usefixtures("demo_assets")
-def test_an_agent_loop_manager_the_trainer_would_not_run_fails_the_launch_before_ray_starts():
-    key = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+def test_an_agent_loop_or_sync_manager_the_trainer_would_not_run_fails_the_launch_before_ray_starts():
+    agent_loops = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
     verls = "verl.experimental.agent_loop.AgentLoopManager"
-    with pytest.raises(LaunchProblems, match=re.escape(f"{key}={verls} is not a subclass of")):
-        prepare_config(compose_cpu(f"+{key}={verls}"))
-    prepare_config(compose_cpu(f"+{key}={__name__}.{OwnAgentLoopManager.__name__}"))
+    with pytest.raises(LaunchProblems, match=re.escape(f"{agent_loops}={verls} is not a subclass of")):
+        prepare_config(compose_cpu(f"+{agent_loops}={verls}"))
+    prepare_config(compose_cpu(f"+{agent_loops}={__name__}.{OwnAgentLoopManager.__name__}"))
+    syncs = "actor_rollout_ref.rollout.checkpoint_manager_class"
+    verls = "verl.checkpoint_engine.base.CheckpointEngineManager"
+    with pytest.raises(LaunchProblems, match=re.escape(f"{syncs}={verls} is not a subclass of")):
+        prepare_config(compose_cpu(f"{syncs}={verls}"))
 
 
 @pytest.mark.usefixtures("demo_assets")

@@ -25,10 +25,10 @@ VERL_DIR = Path(verl.__file__).parent
 
 
 def test_every_logical_gpu_is_reported_as_device_zero():
-    original = lambda self: {"GPU": ["1"], "CPU": [], "neuron_cores": ["3"]}  # noqa: E731
-    patched = one_gpu._every_gpu_is_device_zero(original)
-    assert patched(None) == {"GPU": ["0"], "CPU": [], "neuron_cores": ["3"]}
-    assert one_gpu._every_gpu_is_device_zero(lambda self: {"GPU": []})(None) == {"GPU": []}
+    ids = {"GPU": ["1"], "CPU": [], "neuron_cores": ["3"]}
+    assert one_gpu.every_gpu_is_device_zero(ids) == {"GPU": ["0"], "CPU": [], "neuron_cores": ["3"]}
+    assert one_gpu.every_gpu_is_device_zero({"GPU": []}) == {"GPU": []}
+    assert one_gpu.every_gpu_is_device_zero({"CPU": ["0"]}) == {"CPU": ["0"]}
 
 
 def _probe(env: dict[str, str]) -> tuple[str, str]:

@@ -118,11 +118,12 @@ def test_cpu_platform_speaks_torch_cpu():
     assert not platform.is_platform_available()  # never auto-detected on a GPU machine
     module = platform.device_module
     state = module.get_rng_state()
-    module.manual_seed(3)
+    platform.manual_seed(3)
     first = torch.rand(1)
     module.set_rng_state(state)
-    module.manual_seed(3)
+    platform.manual_seed(3)
     assert torch.equal(first, torch.rand(1))
+    assert module.is_available() and module.device_count() == 1 and module.memory_reserved() == 0  # torch.cpu's, ours
     with pytest.raises(AttributeError, match="no attribute 'not_a_cuda_api'"):
         module.not_a_cuda_api  # noqa: B018
 
@@ -620,18 +621,8 @@ def test_ray_applies_its_local_token_rule_through_the_function_the_scale_command
 # --- vLLM's CPU build through verl's vLLM path (verl_patches P7, P8; platforms/vllm_cpu.py) ----------------
 
 
-def _cpu_build_installed() -> bool:
-    import importlib.metadata
-
-    try:
-        importlib.metadata.distribution(verl_patches.VLLM_CPU_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 needs_vllm_cpu = pytest.mark.skipif(
-    not _cpu_build_installed(),
+    not verl_patches._installed(verl_patches.VLLM_CPU_DISTRIBUTION),
     reason="vLLM's CPU build is not installed (python scripts/install_vllm_cpu.py; the test command installs it)",
 )
 

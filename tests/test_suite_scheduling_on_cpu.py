@@ -29,7 +29,7 @@ def test_the_modules_launched_back_to_back_are_one_unit_of_work_and_every_other_
     split = scheduler("loadfile")._split_scope
     assert sorted(path.name for path in TESTS.glob("test_e2e_*.py")) == sorted(LAUNCHING_MODULES)
     assert "test_e2e_faults_on_cpu.py" in BACK_TO_BACK
-    assert {split(f"tests/{name}::test_one[hf]") for name in BACK_TO_BACK} == {LAUNCHES}
+    assert {split(f"tests/{name}::test_one[vllm]") for name in BACK_TO_BACK} == {LAUNCHES}
     for name in set(LAUNCHING_MODULES) - set(BACK_TO_BACK):
         assert split(f"tests/{name}::test_one[vllm]") == f"tests/{name}"
     assert split("tests/test_runs_on_cpu.py::test_one") == "tests/test_runs_on_cpu.py"

@@ -37,20 +37,20 @@ def test_finite_rewards_pass_and_a_nan_or_inf_is_named_with_the_reward_function(
 
 
 def test_missing_rollout_log_probs_fail_only_when_the_correction_is_configured():
-    check_correction_inputs(2, batch(log_probs=False), correction_configured=False, rollout_name="hf")
-    check_correction_inputs(2, batch(), correction_configured=True, rollout_name="hf")
+    check_correction_inputs(2, batch(log_probs=False), correction_configured=False, rollout_name="vllm")
+    check_correction_inputs(2, batch(), correction_configured=True, rollout_name="vllm")
     with pytest.raises(OffPolicyCorrectionError, match="'vllm' rollout returned no rollout_log_probs .* step 2"):
         check_correction_inputs(2, batch(log_probs=False), correction_configured=True, rollout_name="vllm")
 
 
 def test_the_measured_version_is_the_contracts_and_every_violation_names_the_sample():
-    assert measured_weight_version(5, batch(), expected=3, rollout_name="hf", contract="staleness 1") == 3
+    assert measured_weight_version(5, batch(), expected=3, rollout_name="vllm", contract="staleness 1") == 3
     with pytest.raises(WeightVersionError, match=r"\[2, 3\] \(first wrong sample: 1\), expected v3 \(staleness 1\)"):
-        measured_weight_version(5, batch(versions=((3, 3), (2, 2), (3, 3))), 3, "hf", "staleness 1")
+        measured_weight_version(5, batch(versions=((3, 3), (2, 2), (3, 3))), 3, "vllm", "staleness 1")
     with pytest.raises(WeightVersionError, match="Sample 2 of the batch for step 5 .* across weight versions v3..v4"):
-        measured_weight_version(5, batch(versions=((3, 3), (3, 3), (3, 4))), 3, "hf", "staleness 1")
+        measured_weight_version(5, batch(versions=((3, 3), (3, 3), (3, 4))), 3, "vllm", "staleness 1")
     with pytest.raises(WeightVersionError, match="did not report the weight version"):
-        measured_weight_version(5, batch(versions=((3, 3), (None, None), (3, 3))), 3, "hf", "staleness 1")
+        measured_weight_version(5, batch(versions=((3, 3), (None, None), (3, 3))), 3, "vllm", "staleness 1")
 
 
 def test_replayed_hands_back_the_finished_generation_and_refuses_another_batch_size():
@@ -86,15 +86,15 @@ class StatsServer:
     what ``answer`` returns instead: None for a server with its statistics off)."""
 
     def __init__(self, ray, answer=None, **counters) -> None:
-        self.counters = {"steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0, "max_num_seqs": 4, **counters}
+        self.counters = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "max_num_seqs": 4, **counters}
         self.__ray_call__ = SimpleNamespace(remote=lambda function: ray.put((answer or self.snapshot)()))
 
     def snapshot(self) -> dict:
         return dict(self.counters)
 
     def advance(self, steps: int, rows: int) -> None:
-        for key, value in (("steps", steps), ("rows", rows), ("tokens", rows)):
-            self.counters[key] += value
+        self.counters["steps"] += steps
+        self.counters["tokens"] += rows  # one token per running sequence and engine step
 
 
 def test_engine_stats_are_per_step_differences_summed_over_the_servers_that_report_them(cpu_ray):
@@ -138,4 +138,4 @@ def test_a_vllm_servers_counters_come_from_its_engines_prometheus_statistics():
     prompt.labels(*engine).inc(10)
     cached.labels(*engine).inc(4)
     counters = vllm_engine_counters(server, registry)
-    assert counters == {"steps": 3, "rows": 10, "tokens": 10, "prefill_tokens": 6, "max_num_seqs": 8}
+    assert counters == {"steps": 3, "tokens": 10, "prefill_tokens": 6, "max_num_seqs": 8}

@@ -74,7 +74,7 @@ CHECKPOINT_ENGINES: dict[str, CheckpointEngine] = {
     engine.name: engine
     for engine in (
         CheckpointEngine("gloo", ("torch.distributed",), follows_membership=True, aborts_and_resumes=True),
-        # Writes the safetensors format itself.
+        # Its files are written and read with safetensors, which verl installs.
         CheckpointEngine("checkpoint", (), follows_membership=True, aborts_and_resumes=True),
         CheckpointEngine("nccl", ("cupy.cuda.nccl",), follows_membership=True, aborts_and_resumes=True, cuda_only=True),
         CheckpointEngine("nixl", ("nixl", "cupy.cuda.nccl"), cuda_only=True),

@@ -33,6 +33,7 @@ from recipe.one_step_off_async.preflight import data_file_problems, machine_prob
 from recipe.one_step_off_async.schema import Problems
 from recipe.one_step_off_async.trainer.agent_loops import agent_loop_manager_class
 from recipe.one_step_off_async.trainer.resume import verify_resume_checkpoint
+from recipe.one_step_off_async.trainer.sync_manager import checkpoint_manager_class
 
 CONFIG_MODULE = "recipe.one_step_off_async.config"
 # The configs a launch names with --config-name (the others are parts they include).
@@ -57,10 +58,11 @@ def check_launch(config: DictConfig) -> Problems:
         runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **verl_plugin.activate(config)}
         if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
             config.ray_kwargs.ray_init.num_gpus = one_gpu.LOGICAL_GPUS
-    try:
-        agent_loop_manager_class(config)  # imports a user's class: after the platform is set up
-    except ConfigError as error:
-        found += Problems.of(error)
+    for manager_class in (agent_loop_manager_class, checkpoint_manager_class):
+        try:
+            manager_class(config)  # imports a user's class: after the platform is set up
+        except ConfigError as error:
+            found += Problems.of(error)
     found += data_file_problems(config)
     if found.problems:  # verl's assertions would repeat the recipe's findings, less clearly
         found.skipped.append("verl's own validation of the config (verl.utils.config.validate_config)")

@@ -1,15 +1,9 @@
 """One launch of the entry point in a folder of its own, and the metrics it logged, read back by step.
 
-What: ``run(directory, *overrides, profile=...)`` launches
-``python -m recipe.one_step_off_async.main_ppo --config-name=<profile> <overrides>`` with ``directory`` as its
-working directory, verl's ``file`` logger writing ``metrics.jsonl`` there (``VERL_FILE_LOGGER_PATH``), its
-checkpoints in ``checkpoints/`` and its console output in ``output.log``, and returns a ``Run``: exit code,
-seconds, folder, output, and the metrics by step (``read_metrics``). A launch past its timeout is killed with
-every process it started (Ray's daemons and workers outlive a killed driver). ``start`` launches without
-waiting, for a caller that watches the run while it trains.
-
-Why: the demo, the end-to-end tests and every benchmark (``python -m benchmarks``) launch the entry point and
-read its metrics; this is the one way they do it.
+``run(directory, *overrides, profile=...)`` launches the entry point with ``directory`` as its working directory:
+verl's ``file`` logger writes ``metrics.jsonl`` there, its checkpoints go to ``checkpoints/`` and its console output
+to ``output.log``. The demo, the end-to-end tests and every benchmark (``python -m benchmarks``) launch the entry
+point and read its metrics this one way.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -108,18 +103,13 @@ class Launch:
     def wait(self, timeout_s: float | None = None, while_running: Callable[[], None] | None = None) -> Run:
         """The run once it exited. Past ``timeout_s`` (from the start) it is killed with every process it started
         and ``subprocess.TimeoutExpired`` is raised; ``while_running`` is called every ``POLL_S`` until it exits."""
-        deadline = None if timeout_s is None else self.started + timeout_s
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                self.process.wait(timeout=POLL_S if while_running else left)
-                break
-            except subprocess.TimeoutExpired:
-                if deadline is not None and time.monotonic() >= deadline:
-                    self.kill()
-                    raise subprocess.TimeoutExpired(list(self.command), timeout_s, output=self.output()) from None
-                if while_running:
-                    while_running()
+        while self.process.poll() is None:
+            if timeout_s is not None and time.monotonic() - self.started >= timeout_s:
+                self.kill()
+                raise subprocess.TimeoutExpired(list(self.command), timeout_s, output=self.output())
+            if while_running:
+                while_running()
+            time.sleep(POLL_S)
         return Run(
             self.process.returncode, time.monotonic() - self.started, self.directory, self.output(), self.command
         )
@@ -128,7 +118,7 @@ class Launch:
         return (self.directory / OUTPUT).read_text(errors="replace")
 
     def kill(self) -> None:
-        """Kill the driver and every process it started."""
+        """Kill the driver and every process it started (Ray's daemons and workers outlive a killed driver)."""
         try:
             children = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -178,15 +168,6 @@ def start(
     return Launch(process, directory, line, time.monotonic())
 
 
-def run(
-    directory: Path,
-    *overrides: str,
-    profile: str | None,
-    checkpoints: Path | None = None,
-    timeout_s: float | None = None,
-    env: dict[str, str] | None = None,
-    module: str = ENTRY_MODULE,
-) -> Run:
-    """``start``, then wait for the run to exit (``Launch.wait``)."""
-    launch = start(directory, *overrides, profile=profile, checkpoints=checkpoints, env=env, module=module)
-    return launch.wait(timeout_s)
+def run(directory: Path, *overrides: str, timeout_s: float | None = None, **launch: Any) -> Run:
+    """``start(directory, *overrides, **launch)``, then wait for the run to exit (``Launch.wait``)."""
+    return start(directory, *overrides, **launch).wait(timeout_s)

@@ -1,20 +1,14 @@
 """Add or remove rollout replicas of a running elastic job, or show its pool.
 
-    python -m recipe.one_step_off_async.scale --add 1    [--address A] [--experiment NAME] [--wait 600]
-    python -m recipe.one_step_off_async.scale --remove 1 [--address A] [--experiment NAME] [--wait 600]
-    python -m recipe.one_step_off_async.scale --status   [--address A] [--experiment NAME]
+    python -m recipe.one_step_off_async.scale (--add N | --remove N | --status)
+        [--address A] [--experiment NAME] [--wait S]
 
-Run it on a node of the job's Ray cluster. ``--address`` defaults to the cluster ``ray start``
-made on this node; a job that started Ray itself prints its address at start-up
-(``[elastic] ... --address``). It talks to the job's
-``RolloutPoolController`` (``elastic/controller.py``), which exists when the job was started with
-``async_training.elastic.enable=true``; ``--experiment`` is the job's ``trainer.experiment_name``,
-needed only when several elastic jobs share the cluster. The trainer applies the request at its
-next step boundary: a new replica starts in the background and serves from the first weight sync
-after it is up; a removed replica takes no new requests at once and is shut down at the next sync.
-With ``--wait`` the command returns when that happened (exit 0), or when it was refused, only partly
-carried out (fewer free resources than replicas asked for) or failed (exit 1), or after the given
-seconds (exit 1); without it, when the request is queued.
+Run it on a node of the job's Ray cluster; a job that started Ray itself prints the ``--address`` to use at
+start-up (``[elastic] ... --address``). It talks to the job's ``RolloutPoolController`` (``elastic/controller.py``),
+which exists when the job runs with ``async_training.elastic.enable=true``; the trainer applies the request at its
+next step boundary (``elastic/pool.py``). With ``--wait`` it exits 0 once the request is done, 1 once it was
+refused, only partly carried out (fewer free resources than replicas asked for) or failed, or when the seconds
+ran out; without it, it returns once the request is queued.
 """
 
 from __future__ import annotations
@@ -30,8 +24,6 @@ import time
 import ray
 
 from recipe.one_step_off_async.elastic.controller import NAMESPACE, find_controller
-
-FINAL_STATES = ("done", "partial", "refused", "failed")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -65,20 +57,18 @@ def _connect(address: str, timeout_s: float) -> str | None:
 
     logging.getLogger(maybe_enable_token_auth_if_token_available.__module__).setLevel(logging.ERROR)
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-    outcome: list[str | None] = []
+    outcome = [f"no answer within {timeout_s:g} s (the job ended, or a wrong address or auth token)"]
 
     def connect() -> None:
         try:
             ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
-            outcome.append(None)
+            outcome[0] = None
         except Exception as error:
-            outcome.append(f"{type(error).__name__}: {error}")
+            outcome[0] = f"{type(error).__name__}: {error}"
 
     thread = threading.Thread(target=connect, daemon=True)
     thread.start()
     thread.join(timeout_s)  # Ray retries an unreachable or refusing cluster for minutes
-    if not outcome:
-        return f"no answer within {timeout_s:g} s (the job ended, or a wrong address or auth token)"
     return outcome[0]
 
 
@@ -105,16 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         request_id = ray.get(controller.request.remote(add=args.add or 0, remove=args.remove or 0))
         outcome = ray.get(controller.outcome.remote(request_id))
         deadline = time.monotonic() + args.wait
-        while outcome["state"] not in FINAL_STATES and time.monotonic() < deadline:
+        while outcome["state"] in ("queued", "in progress") and time.monotonic() < deadline:
             time.sleep(1.0)
             outcome = ray.get(controller.outcome.remote(request_id))
     except ray.exceptions.RayActorError:
         print(f"{experiment}: the job ended before the request was carried out.", file=sys.stderr)
         return 1
     print(f"{experiment}: request {request_id} {outcome['state']}: {outcome['detail']}")
-    if args.wait and outcome["state"] != "done":
-        return 1
-    return 0
+    return 1 if args.wait and outcome["state"] != "done" else 0
 
 
 if __name__ == "__main__":

@@ -34,9 +34,7 @@ EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 
 def apply() -> None:
     """Patch verl for the selected platform, in this process (idempotent)."""
-    verl_patches.apply_on_every_platform()
-    # From the environment only: `platforms.cpu` may be half imported here (it imports verl, which imports us).
-    verl_patches.apply_when_cpu_is_selected()
+    verl_patches.apply()
     one_gpu.apply()
 
 
@@ -46,7 +44,7 @@ def worker_env(config: DictConfig) -> dict[str, str]:
     listed = OmegaConf.select(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}") or ""
     modules = [__name__, *os.environ.get(EXTERNAL_MODULES_ENV, "").split(","), *listed.split(",")]
     env = {EXTERNAL_MODULES_ENV: ",".join(dict.fromkeys(m for m in modules if m))}
-    if config.trainer.device == cpu.PLATFORM_NAME:
+    if config.trainer.device == verl_patches.CPU_PLATFORM:
         env.update(cpu.env_vars())
     if config.async_training.one_gpu:
         env.update(one_gpu.env_vars())

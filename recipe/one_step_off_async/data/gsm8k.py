@@ -58,12 +58,10 @@ def load_split(split: str, source: Path | None) -> pd.DataFrame:
 
 def prepare(output_dir: Path, source: Path | None = None) -> dict[str, Path]:
     output_dir.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for split in SPLITS:
-        path = output_dir / f"{split}.parquet"
+    paths = {split: output_dir / f"{split}.parquet" for split in SPLITS}
+    for split, path in paths.items():
         to_rl_rows(load_split(split, source), split).to_parquet(path)
-        written[split] = path
-    return written
+    return paths
 
 
 def main() -> None:

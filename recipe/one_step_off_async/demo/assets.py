@@ -50,7 +50,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from recipe.one_step_off_async.demo import long_tail, tool_task
-from recipe.one_step_off_async.demo.evaluate import model_accuracy, read_rows
+from recipe.one_step_off_async.demo.evaluate import model_accuracy
 from recipe.one_step_off_async.demo.model import init_model, init_reward_model, save_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
 from recipe.one_step_off_async.demo.task import (
@@ -58,6 +58,7 @@ from recipe.one_step_off_async.demo.task import (
     MAX_PROMPT_LENGTH,
     MAX_RESPONSE_LENGTH,
     split_problems,
+    to_rows,
     write_splits,
 )
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
@@ -182,13 +183,15 @@ def _build(out_dir: Path, seed: int) -> None:
     logger.info("building demo assets (seed %d) in %s", seed, out_dir)
     tokenizer = build_tokenizer()
     problems = split_problems(seed)
-    paths = write_splits(problems, out_dir)
-    graded_paths = write_splits(problems, out_dir, GRADED_DATA_SOURCE, prefix="graded_")
-    long_tail_paths = long_tail.write_splits(out_dir, seed)
-    heavy_tail_paths = long_tail.write_splits(out_dir, seed, long_tail.HEAVY_TAIL)
+    data_files = [
+        *write_splits(problems, out_dir).values(),
+        *write_splits(problems, out_dir, GRADED_DATA_SOURCE, prefix="graded_").values(),
+        *long_tail.write_splits(out_dir, seed).values(),
+        *long_tail.write_splits(out_dir, seed, long_tail.HEAVY_TAIL).values(),
+        *tool_task.write_splits(problems, out_dir).values(),
+    ]
     agent_loop_config = long_tail.write_agent_loop_config(out_dir)
-    tool_paths = tool_task.write_splits(problems, out_dir)
-    val_rows = read_rows(paths["val"])
+    val_rows = to_rows(problems["val"], "val")
     with reproducible_torch():
         model = init_model(tokenizer, seed)
         warm_start(model, tokenizer, problems["train"], seed)
@@ -198,25 +201,17 @@ def _build(out_dir: Path, seed: int) -> None:
         tool_task.warm_start_tool_use(model, tokenizer, problems["train"], seed)
     save_model(model, tokenizer, out_dir / TOOL_MODEL_SUBDIR)
     save_model(init_reward_model(tokenizer, seed + 1), tokenizer, out_dir / REWARD_MODEL_SUBDIR)
+    # A data file's field of DemoAssets is its name's stem and "_file" (train.parquet: train_file).
+    files = {f"{path.stem}_file": path.name for path in data_files} | {
+        "model_dir": MODEL_SUBDIR,
+        "reward_model_dir": REWARD_MODEL_SUBDIR,
+        "tool_model_dir": TOOL_MODEL_SUBDIR,
+        "long_tail_agent_loop_config": agent_loop_config.name,
+    }
     manifest = {
         "version": ASSETS_VERSION,
         "seed": seed,
-        "files": {
-            "model_dir": MODEL_SUBDIR,
-            "reward_model_dir": REWARD_MODEL_SUBDIR,
-            "train_file": paths["train"].name,
-            "val_file": paths["val"].name,
-            "graded_train_file": graded_paths["train"].name,
-            "graded_val_file": graded_paths["val"].name,
-            "long_tail_train_file": long_tail_paths["train"].name,
-            "long_tail_val_file": long_tail_paths["val"].name,
-            "long_tail_agent_loop_config": agent_loop_config.name,
-            "heavy_tail_train_file": heavy_tail_paths["train"].name,
-            "heavy_tail_val_file": heavy_tail_paths["val"].name,
-            "tool_model_dir": TOOL_MODEL_SUBDIR,
-            "tool_train_file": tool_paths["train"].name,
-            "tool_val_file": tool_paths["val"].name,
-        },
+        "files": files,
         "val_greedy_accuracy": greedy,
         "val_sampled_accuracy": sampled,
         "build_seconds": round(time.perf_counter() - started, 1),
@@ -244,10 +239,7 @@ def _load(root: Path, seed: int) -> DemoAssets:
         raise RuntimeError(f"demo asset build {root} lacks {missing}; delete {root} and call ensure_assets again.")
     return DemoAssets(
         root=str(root),
-        model_dir=str(files["model_dir"]),
-        reward_model_dir=str(files["reward_model_dir"]),
-        train_file=str(files["train_file"]),
-        val_file=str(files["val_file"]),
+        **{name: str(path) for name, path in files.items()},
         reward_path=reward_function_path(),
         reward_name=compute_score.__name__,
         max_prompt_length=MAX_PROMPT_LENGTH,
@@ -255,16 +247,6 @@ def _load(root: Path, seed: int) -> DemoAssets:
         seed=seed,
         val_greedy_accuracy=manifest["val_greedy_accuracy"],
         val_sampled_accuracy=manifest["val_sampled_accuracy"],
-        graded_train_file=str(files["graded_train_file"]),
-        graded_val_file=str(files["graded_val_file"]),
-        long_tail_train_file=str(files["long_tail_train_file"]),
-        long_tail_val_file=str(files["long_tail_val_file"]),
-        long_tail_agent_loop_config=str(files["long_tail_agent_loop_config"]),
-        heavy_tail_train_file=str(files["heavy_tail_train_file"]),
-        heavy_tail_val_file=str(files["heavy_tail_val_file"]),
-        tool_model_dir=str(files["tool_model_dir"]),
-        tool_train_file=str(files["tool_train_file"]),
-        tool_val_file=str(files["tool_val_file"]),
         tool_function_path=str(Path(tool_task.__file__).with_name("tools.py").resolve()),
     )
 

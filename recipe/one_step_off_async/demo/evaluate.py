@@ -21,11 +21,6 @@ from recipe.one_step_off_async.demo.task import MAX_RESPONSE_LENGTH
 from recipe.one_step_off_async.demo.tokenizer import encode_chat_prompt
 
 
-def read_rows(data_file: str | Path) -> list[dict]:
-    """The rows of a parquet split as dicts (nested columns as dicts and lists)."""
-    return pq.read_table(data_file).to_pylist()
-
-
 @torch.no_grad()
 def generate_responses(
     model: PreTrainedModel,
@@ -36,12 +31,7 @@ def generate_responses(
 ) -> list[str]:
     """Decoded responses to chat ``messages`` (one batch, left-padded); greedy when ``temperature`` is 0."""
     prompts = [encode_chat_prompt(tokenizer, m) for m in messages]
-    width = max(map(len, prompts))
-    input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        attention_mask[row, width - len(prompt) :] = 1
+    inputs = tokenizer.pad({"input_ids": prompts}, padding_side="left", return_tensors="pt")
     sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
     config = GenerationConfig(
         max_new_tokens=MAX_RESPONSE_LENGTH,
@@ -51,13 +41,9 @@ def generate_responses(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-    responses = []
-    for token_ids in output[:, width:].tolist():
-        if tokenizer.eos_token_id in token_ids:
-            token_ids = token_ids[: token_ids.index(tokenizer.eos_token_id) + 1]
-        responses.append(tokenizer.decode(token_ids, skip_special_tokens=True))
-    return responses
+        output = model.generate(**inputs, generation_config=config)
+    # generate pads a row after its eos, and decoding skips pad and eos: each response ends at its first eos
+    return tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def model_accuracy(
@@ -80,4 +66,4 @@ def accuracy(model_dir: str | Path, data_file: str | Path, temperature: float = 
     """Mean reward of the model saved in ``model_dir`` on the parquet ``data_file`` (greedy by default)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return model_accuracy(model, tokenizer, read_rows(data_file), temperature, seed)
+    return model_accuracy(model, tokenizer, pq.read_table(data_file).to_pylist(), temperature, seed)

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from recipe.one_step_off_async.demo import task
 
 DATA_SOURCE = "one_step_off_async/long_tail_repeat"
-ALPHABET = "abcdefghij"
 PROMPT_PREFIX = "repeat "
 MIN_BUDGET = 2
 MAX_RESPONSE_LENGTH = 480  # the demo model has 512 positions; prompts take 16
@@ -64,25 +64,8 @@ class TailShape:
 LONG_TAIL = TailShape("long_tail", median=48, prompt_sigma=1.0)
 HEAVY_TAIL = TailShape("heavy_tail", median=32, prompt_sigma=1.0, sample_sigma=1.0)
 
-ROW_SCHEMA = pa.schema(
-    [
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        (
-            "extra_info",
-            pa.struct(
-                [
-                    ("index", pa.int64()),
-                    ("split", pa.string()),
-                    ("response_budget", pa.int64()),
-                    ("budget_sigma", pa.float64()),
-                ]
-            ),
-        ),
-        ("agent_name", pa.string()),
-    ]
+ROW_SCHEMA = task.row_schema(("response_budget", pa.int64()), ("budget_sigma", pa.float64())).append(
+    task.AGENT_NAME_FIELD
 )
 
 
@@ -96,9 +79,8 @@ def response_budgets(count: int, seed: int, shape: TailShape = LONG_TAIL) -> lis
     return [clip_budget(rng.lognormvariate(math.log(shape.median), shape.prompt_sigma)) for _ in range(count)]
 
 
-SAMPLE_BUDGET_KEY = (
-    "response_budget"  # the drawn budget, in the sample's ``extras`` (verl's extra field of every sample)
-)
+# The drawn budget, in the sample's ``extras`` (verl's extra field of every sample).
+SAMPLE_BUDGET_KEY = "response_budget"
 
 
 def draws_per_sample(extra_info: dict) -> bool:
@@ -145,7 +127,9 @@ def scored_budget(extra_info: dict) -> int:
 
 
 def to_rows(count: int, split: str, seed: int, shape: TailShape = LONG_TAIL) -> list[dict]:
+    budgets = response_budgets(count, seed, shape)
     rng = random.Random(seed + 1)
+    letters = [rng.choice(task.ALPHABET) for _ in budgets]
     return [
         {
             "data_source": DATA_SOURCE,
@@ -160,20 +144,14 @@ def to_rows(count: int, split: str, seed: int, shape: TailShape = LONG_TAIL) -> 
             },
             "agent_name": AGENT_LOOP_NAME,
         }
-        for index, (letter, budget) in enumerate(
-            (rng.choice(ALPHABET), budget) for budget in response_budgets(count, seed, shape)
-        )
+        for index, (letter, budget) in enumerate(zip(letters, budgets, strict=True))
     ]
 
 
 def write_splits(out_dir: str | Path, seed: int, shape: TailShape = LONG_TAIL) -> dict[str, Path]:
     """Write ``<shape.name>_train.parquet`` and ``<shape.name>_val.parquet``; return the paths by split."""
-    paths = {}
-    for split, count, split_seed in (("train", NUM_TRAIN, seed), ("val", NUM_VAL, seed + 10_000)):
-        paths[split] = Path(out_dir) / f"{shape.name}_{split}.parquet"
-        rows = to_rows(count, split, split_seed, shape)
-        pq.write_table(pa.Table.from_pylist(rows, schema=ROW_SCHEMA), paths[split])
-    return paths
+    rows = {"train": to_rows(NUM_TRAIN, "train", seed, shape), "val": to_rows(NUM_VAL, "val", seed + 10_000, shape)}
+    return task.write_rows(rows, out_dir, f"{shape.name}_", ROW_SCHEMA)
 
 
 def write_agent_loop_config(out_dir: str | Path) -> Path:

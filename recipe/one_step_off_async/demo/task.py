@@ -39,15 +39,22 @@ NUM_VAL = 128
 MAX_PROMPT_LENGTH = 8 + len(PROMPT_PREFIX) + NUM_LETTERS
 MAX_RESPONSE_LENGTH = NUM_LETTERS + 1
 
-ROW_SCHEMA = pa.schema(
-    [
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        ("extra_info", pa.struct([("index", pa.int64()), ("split", pa.string())])),
-    ]
-)
+
+def row_schema(*extra_info: tuple[str, pa.DataType]) -> pa.Schema:
+    """The columns of verl's RL rows; ``extra_info`` holds ``index``, ``split`` and the given fields."""
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            ("extra_info", pa.struct([("index", pa.int64()), ("split", pa.string()), *extra_info])),
+        ]
+    )
+
+
+ROW_SCHEMA = row_schema()
+AGENT_NAME_FIELD = pa.field("agent_name", pa.string())  # the agent loop verl runs for a row (agent-loop tasks)
 
 
 @dataclass(frozen=True)
@@ -55,36 +62,23 @@ class Problem:
     letters: str
 
     @property
-    def prompt(self) -> str:
-        return PROMPT_PREFIX + self.letters
-
-    @property
     def messages(self) -> list[dict[str, str]]:
-        return [{"role": "user", "content": self.prompt}]
+        return [{"role": "user", "content": PROMPT_PREFIX + self.letters}]
 
     @property
     def answer(self) -> str:
         return "".join(sorted(self.letters))
 
 
-def sample_problems(count: int, seed: int) -> list[Problem]:
-    """``count`` distinct problems, the same list for the same ``seed``."""
-    num_possible = len(ALPHABET) ** NUM_LETTERS
-    if count > num_possible:
-        raise ValueError(f"asked for {count} distinct problems but only {num_possible} exist")
+def split_problems(seed: int) -> dict[str, list[Problem]]:
+    """Disjoint ``train`` and ``val`` lists of distinct problems, the same lists for the same ``seed``."""
     problems = []
-    for code in random.Random(seed).sample(range(num_possible), count):
+    for code in random.Random(seed).sample(range(len(ALPHABET) ** NUM_LETTERS), NUM_VAL + NUM_TRAIN):
         letters = []
         for _ in range(NUM_LETTERS):
             code, digit = divmod(code, len(ALPHABET))
             letters.append(ALPHABET[digit])
         problems.append(Problem("".join(letters)))
-    return problems
-
-
-def split_problems(seed: int) -> dict[str, list[Problem]]:
-    """Disjoint ``train`` and ``val`` problem lists."""
-    problems = sample_problems(NUM_VAL + NUM_TRAIN, seed)
     return {"val": problems[:NUM_VAL], "train": problems[NUM_VAL:]}
 
 
@@ -102,16 +96,20 @@ def to_rows(problems: list[Problem], split: str, data_source: str = DATA_SOURCE)
     ]
 
 
+def write_rows(rows: dict[str, list[dict]], out_dir: str | Path, prefix: str, schema: pa.Schema) -> dict[str, Path]:
+    """Write each split's rows to ``<out_dir>/<prefix><split>.parquet``; return the paths by split."""
+    paths = {split: Path(out_dir) / f"{prefix}{split}.parquet" for split in rows}
+    for split, path in paths.items():
+        pq.write_table(pa.Table.from_pylist(rows[split], schema=schema), path)
+    return paths
+
+
 def write_splits(
     splits: dict[str, list[Problem]], out_dir: str | Path, data_source: str = DATA_SOURCE, prefix: str = ""
 ) -> dict[str, Path]:
-    """Write each split's rows to ``<out_dir>/<prefix><split>.parquet``; return the paths by split."""
-    paths = {}
-    for split, problems in splits.items():
-        paths[split] = Path(out_dir) / f"{prefix}{split}.parquet"
-        rows = to_rows(problems, split, data_source)
-        pq.write_table(pa.Table.from_pylist(rows, schema=ROW_SCHEMA), paths[split])
-    return paths
+    """The sort task's ``<prefix><split>.parquet`` files; ``data_source`` picks the scoring (exact or graded)."""
+    rows = {split: to_rows(problems, split, data_source) for split, problems in splits.items()}
+    return write_rows(rows, out_dir, prefix, ROW_SCHEMA)
 
 
 def score_answer(response: str, ground_truth: str) -> float:

@@ -34,15 +34,11 @@ CHAT_TEMPLATE = (
 )
 
 
-def _role_merges() -> list[tuple[str, str]]:
-    """BPE merges that grow each role name one character at a time, so it encodes as one token."""
-    return [(name[: end - 1], name[end - 1]) for name in ROLE_NAMES for end in range(2, len(name) + 1)]
-
-
 def build_tokenizer() -> Qwen2Tokenizer:
     """Return the demo tokenizer; the same vocabulary (and the same saved files) on every call."""
     byte_symbols = [bytes_to_unicode()[byte] for byte in range(256)]  # token id == byte value
-    merges = _role_merges()
+    # BPE merges that grow each role name one character at a time, so it encodes as one token.
+    merges = [(name[: end - 1], name[end - 1]) for name in ROLE_NAMES for end in range(2, len(name) + 1)]
     tokens = byte_symbols + [left + right for left, right in merges] + [PAD_TOKEN, IM_START_TOKEN, EOS_TOKEN]
     tokenizer = Qwen2Tokenizer(
         vocab={token: token_id for token_id, token in enumerate(tokens)},

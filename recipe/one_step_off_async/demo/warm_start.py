@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from recipe.one_step_off_async.demo.task import Problem
@@ -58,49 +59,67 @@ def reproducible_torch() -> Iterator[None]:
         torch.set_num_threads(num_threads)
 
 
-def teacher_answer(problem: Problem, rng: random.Random) -> str:
+def teacher_conversation(problem: Problem, rng: random.Random) -> list[dict[str, str]]:
     """The flawed teacher's demonstration: the deduplicated sort with probability ``TEACHER_DEDUP_RATE``."""
-    if rng.random() < TEACHER_DEDUP_RATE:
-        return "".join(sorted(set(problem.letters)))
-    return problem.answer
+    answer = "".join(sorted(set(problem.letters))) if rng.random() < TEACHER_DEDUP_RATE else problem.answer
+    return [*problem.messages, {"role": "assistant", "content": answer}]
 
 
-def pad_batch(sequences: list[list[int]], targets: list[list[int]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (``targets``, ``IGNORE_INDEX`` on padding)."""
-    width = max(map(len, sequences))
-    batch = {
-        "input_ids": torch.full((len(sequences), width), pad_token_id),
-        "attention_mask": torch.zeros((len(sequences), width), dtype=torch.long),
-        "labels": torch.full((len(sequences), width), IGNORE_INDEX),
+def encode_conversation(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
+) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation as verl's agent loops build them, and labels on the assistant turns.
+
+    Each assistant turn is its content and eos, as sampled; every other turn is the chat template's
+    rendering of it, followed by the assistant generation prompt (what verl's continuous-token builder
+    appends after a tool response).
+    """
+    ids = encode_chat_prompt(tokenizer, messages[:1])
+    labels = [IGNORE_INDEX] * len(ids)
+    for index, message in enumerate(messages[1:], start=1):
+        if message["role"] == "assistant":
+            turn = tokenizer.encode(message["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
+            ids, labels = ids + turn, labels + turn
+            continue
+        before = tokenizer.apply_chat_template(messages[:index], tokenize=True, return_dict=False)
+        after = encode_chat_prompt(tokenizer, messages[: index + 1])
+        # The rendered history ends with eos + "\n"; the sampled turn ended at eos.
+        delta = after[len(before) - 1 :]
+        ids, labels = ids + delta, labels + [IGNORE_INDEX] * len(delta)
+    return ids, labels
+
+
+def pad_batch(encoded: list[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (``IGNORE_INDEX`` on padding) of (ids, labels)."""
+    ids = [torch.tensor(row) for row, _ in encoded]
+    labels = [torch.tensor(row) for _, row in encoded]
+    return {
+        "input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_token_id),
+        "attention_mask": pad_sequence([torch.ones_like(row) for row in ids], batch_first=True),
+        "labels": pad_sequence(labels, batch_first=True, padding_value=IGNORE_INDEX),
     }
-    for row, (sequence, target) in enumerate(zip(sequences, targets, strict=True)):
-        batch["input_ids"][row, : len(sequence)] = torch.tensor(sequence)
-        batch["attention_mask"][row, : len(sequence)] = 1
-        batch["labels"][row, : len(target)] = torch.tensor(target)
-    return batch
-
-
-def collate_demonstrations(
-    tokenizer: PreTrainedTokenizerBase, demonstrations: list[tuple[Problem, str]]
-) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (answer and eos only) for a batch."""
-    sequences, targets = [], []
-    for problem, answer in demonstrations:
-        prompt_ids = encode_chat_prompt(tokenizer, problem.messages)
-        answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-        sequences.append(prompt_ids + answer_ids)
-        targets.append([IGNORE_INDEX] * len(prompt_ids) + answer_ids)
-    return pad_batch(sequences, targets, tokenizer.pad_token_id)
 
 
 def supervised_fit(
-    model: PreTrainedModel, next_batch: Callable[[], dict[str, torch.Tensor]], steps: int, learning_rate: float
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    conversation: Callable[[Problem, random.Random], list[dict[str, str]]],
+    seed: int,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
 ) -> None:
-    """``steps`` AdamW steps of ``model``'s next-token loss on the batches ``next_batch`` returns, in place."""
+    """``steps`` AdamW steps of ``model``'s loss on the assistant turns of ``conversation``s, in place.
+
+    Each step converses about ``batch_size`` of ``problems``, drawn with replacement.
+    """
+    rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     model.train()
     for step in range(1, steps + 1):
-        loss = model(**next_batch()).loss
+        encoded = [encode_conversation(tokenizer, conversation(p, rng)) for p in rng.choices(problems, k=batch_size)]
+        loss = model(**pad_batch(encoded, tokenizer.pad_token_id)).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -117,10 +136,4 @@ def warm_start(
     steps: int = SFT_STEPS,
 ) -> None:
     """Train ``model`` in place on the teacher's answers to ``problems`` (sampled with replacement)."""
-    rng = random.Random(seed)
-
-    def next_batch() -> dict[str, torch.Tensor]:
-        demonstrations = [(problem, teacher_answer(problem, rng)) for problem in rng.choices(problems, k=BATCH_SIZE)]
-        return collate_demonstrations(tokenizer, demonstrations)
-
-    supervised_fit(model, next_batch, steps, LEARNING_RATE)
+    supervised_fit(model, tokenizer, problems, teacher_conversation, seed, steps, BATCH_SIZE, LEARNING_RATE)

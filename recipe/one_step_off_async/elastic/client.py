@@ -1,23 +1,11 @@
 """The agent loops' client to the rollout replicas in elastic mode: a lost replica costs a retry, not the run.
 
-verl's ``LLMServerClient.generate`` picks a replica through the job's ``GlobalRequestLoadBalancer``
-and calls it; if the replica's process died, the call raises ``RayActorError`` and the whole
-batch fails. ``ElasticLLMServerClient`` (handed to verl's ``AgentLoopManager`` by the trainer in
-elastic mode) catches exactly that error (``ActorDiedError``: the process is gone, not merely
-unreachable), takes the replica out of the load balancer (so no other
-request is routed there), reports it to the job's ``RolloutPoolController`` and sends the same
-request again; the load balancer picks a surviving replica. In the default mode weights only move
-between generations (the pipeline drains before every sync), so every replica holds the same version
-and a regenerated request is generated with the version its batch was due; with partial rollout the
-resent segment continues from the tokens already returned, under the version the replicas hold then.
-
-Each output is stamped with the replica that produced it (``rollout_replica``) and the number of
-attempts lost with a replica (``rollout_regenerated``); verl's agent loop carries both into the
-batch, where the trainer counts requests per replica. With no replica left the request fails
-with ``RolloutPoolLostError``, as does a request that saw ``MAX_REPLICAS_LOST_PER_REQUEST`` replicas
-die under it. A replica whose engine died under a live server (vLLM's ``EngineDeadError``) is lost the same way:
-its server is killed, and the request sent again. Other errors raised by a live replica (bad input...) are not
-retried.
+``ElasticLLMServerClient`` (the trainer hands it to verl's ``AgentLoopManager`` in elastic mode) catches the error
+of a request whose replica's process died (or whose engine died under a live server), takes that replica out of
+the load balancer, reports it to the job's ``RolloutPoolController`` and sends the request again: the load balancer
+picks a survivor. Each output is stamped with the replica that produced it and the attempts lost with a replica,
+which the trainer counts per batch. Why a regenerated request keeps its weight version: the "Elastic rollout pool"
+section of docs/advance/one_step_off_async/deployment.md.
 """
 
 from __future__ import annotations
@@ -46,25 +34,25 @@ _routed_handle: contextvars.ContextVar[ray.actor.ActorHandle | None] = contextva
 
 
 def engine_died(error: ray.exceptions.RayTaskError) -> bool:
-    """A replica's server answered that its engine is gone: vLLM's ``EngineDeadError`` once its engine process died
-    (the server actor above it lives on, and would answer every request so)."""
+    """vLLM's ``EngineDeadError``: its engine process died under a server actor that lives on (and fails every call)."""
     return type(error.cause).__name__ == "EngineDeadError"
 
 
-class ElasticLLMServerClient(LLMServerClient):
-    """verl's client, plus: a request whose replica died is sent again to a surviving replica.
+def describe(error: Exception) -> str:
+    """An error's type and the first line of its message (Ray's errors carry whole tracebacks)."""
+    return f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
 
-    Args:
-        config: the whole trainer config (as verl's client).
-        load_balancer_handle: the job's load balancer actor (as verl's client).
-        controller: the job's ``RolloutPoolController`` actor, told about every replica lost.
-    """
+
+class ElasticLLMServerClient(LLMServerClient):
+    """verl's client, plus: a request whose replica died is sent again to a surviving replica, and the job's
+    ``RolloutPoolController`` (``controller``) is told of the replica lost."""
 
     def __init__(
         self,
         config: DictConfig,
         load_balancer_handle: ray.actor.ActorHandle = None,
-        controller: ray.actor.ActorHandle = None,
+        *,
+        controller: ray.actor.ActorHandle,
         **kwargs: Any,
     ) -> None:
         super().__init__(config, load_balancer_handle, **kwargs)
@@ -92,7 +80,9 @@ class ElasticLLMServerClient(LLMServerClient):
                         raise  # a live replica's own error (bad input...): not retried
                     ray.kill(_routed_handle.get())  # what is left of the replica serves nothing more
                 lost.append(server_id)
-                await self._drop(server_id, error)
+                # Idempotent on both actors: every request that was on the replica reports it.
+                await self._load_balancer.remove_servers.remote([server_id])
+                await self._controller.report_lost.remote(server_id, describe(error))
                 if len(lost) >= MAX_REPLICAS_LOST_PER_REQUEST:
                     raise RolloutPoolLostError(
                         f"Request {request_id}: {len(lost)} rollout replicas died while generating it "
@@ -108,10 +98,3 @@ class ElasticLLMServerClient(LLMServerClient):
             output.extra_fields[SERVED_BY] = _routed_to.get()
             output.extra_fields[REGENERATED] = len(lost)
             return output
-
-    async def _drop(self, server_id: str, error: Exception) -> None:
-        # Idempotent on both actors: every request that was on the replica reports it.
-        await self._load_balancer.remove_servers.remote([server_id])
-        if self._controller is not None:
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            await self._controller.report_lost.remote(server_id, reason)

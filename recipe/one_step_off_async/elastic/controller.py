@@ -1,19 +1,15 @@
 """The running job's rollout-pool mailbox: a named Ray actor between the trainer and the outside.
 
-In elastic mode the trainer starts one ``RolloutPoolController`` per job, named after
-``trainer.experiment_name`` in the Ray namespace ``one_step_off_async``. Three parties use it:
-
-- the scale command (``python -m recipe.one_step_off_async.scale``) queues requests to add or
-  remove replicas and reads their outcome and the pool's status;
-- the agent loops' ``ElasticLLMServerClient`` reports replicas whose process died;
-- the trainer takes both at every step boundary (the only place where it changes the pool),
-  writes each request's outcome back and publishes the pool's status.
-
-The actor holds no resources (``num_cpus=0``) and dies with the job (it is not detached).
+In elastic mode the trainer starts one ``RolloutPoolController`` per job, named after ``trainer.experiment_name``
+in the Ray namespace ``one_step_off_async``. The scale command (``python -m recipe.one_step_off_async.scale``)
+queues requests and reads their outcome and the pool's status; the agent loops' ``ElasticLLMServerClient`` reports
+replicas whose process died; the trainer takes both at every step boundary (the only place where it changes the
+pool) and writes back outcomes and status. It holds no resources (``num_cpus=0``) and dies with the job.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +38,7 @@ class RolloutPoolController:
     """Mailbox of one job's rollout pool: scale requests in, outcomes, lost replicas and status out."""
 
     def __init__(self) -> None:
-        self._next_id = 1
+        self._ids = itertools.count(1)
         self._queued: list[ScaleRequest] = []
         self._outcomes: dict[int, dict[str, Any]] = {}
         self._lost: dict[str, str] = {}  # server address -> reason, not yet taken by the trainer
@@ -52,8 +48,7 @@ class RolloutPoolController:
     def request(self, add: int = 0, remove: int = 0) -> int:
         if add < 0 or remove < 0 or add + remove == 0:
             raise ValueError(f"a scale request adds or removes at least one replica (got add={add}, remove={remove})")
-        request = ScaleRequest(self._next_id, add, remove)
-        self._next_id += 1
+        request = ScaleRequest(next(self._ids), add, remove)
         self._queued.append(request)
         self._outcomes[request.id] = {"state": "queued", "detail": "waiting for the next training step boundary"}
         return request.id
@@ -61,10 +56,10 @@ class RolloutPoolController:
     def outcome(self, request_id: int) -> dict[str, Any]:
         if request_id not in self._outcomes:
             raise KeyError(f"no scale request {request_id}")
-        return dict(self._outcomes[request_id])
+        return self._outcomes[request_id]
 
     def status(self) -> dict[str, Any]:
-        return {**self._status, "requests": {rid: dict(o) for rid, o in self._outcomes.items()}}
+        return {**self._status, "requests": self._outcomes}
 
     # --- the agent loops
     def report_lost(self, server_id: str, reason: str) -> None:
@@ -117,10 +112,9 @@ def find_controller(experiment_name: str | None) -> tuple[str, ray.actor.ActorHa
     )
     if experiment_name is None:
         if len(running) != 1:
-            found = ", ".join(running) if running else "none"
             raise LookupError(
-                f"{len(running)} elastic one-step-off jobs run on this Ray cluster ({found}); name one with "
-                "--experiment (its trainer.experiment_name), or start the job with "
+                f"{len(running)} elastic one-step-off jobs run on this Ray cluster ({', '.join(running) or 'none'}); "
+                "name one with --experiment (its trainer.experiment_name), or start the job with "
                 "async_training.elastic.enable=true."
             )
         (experiment_name,) = running

@@ -1,28 +1,16 @@
 """Elastic rollout pool (``async_training.elastic.enable=true``): replicas leave and join a running job.
 
-verl 0.9.1 has the pieces: its ``GlobalRequestLoadBalancer`` routes requests and takes
-``add_servers`` / ``remove_servers``; its ``CheckpointEngineManager`` syncs weights to the
-replicas it holds and takes ``add_replicas`` / ``remove_replicas``. ``ElasticRolloutPool`` is the
-trainer's bookkeeping over both, applied only where the pipeline allows it:
+verl 0.9.1 has the pieces: its ``GlobalRequestLoadBalancer`` routes requests (``add_servers`` /
+``remove_servers``) and its ``CheckpointEngineManager`` syncs weights to the replicas it holds (``add_replicas`` /
+``remove_replicas``). ``ElasticRolloutPool`` is the trainer's bookkeeping over both, changed only at step
+boundaries on the trainer's thread (replicas start on background threads): a lost replica leaves the weight syncs
+(the agent loops' client, ``elastic/client.py``, took it out of the load balancer and regenerated its requests); a
+new one joins the next weight sync and the load balancer right after it, so it never serves stale or random
+weights; a leaving one leaves the load balancer at once and is shut down at the next sync. What users see, and why:
+"Elastic rollout pool" in docs/advance/one_step_off_async/deployment.md.
 
-- **Lost** (its process died): the agent loops' ``ElasticLLMServerClient`` takes it out of the
-  load balancer at once and regenerates its requests elsewhere (``elastic/client.py``). At the next
-  step boundary the pool drops it from weight syncs, kills what is left of it and frees its
-  placement group. A replica that dies while the pool is idle is found by a liveness probe
-  before each sync, as is one that stays silent for ``silent_timeout_s`` (hung: the sync would
-  hang on it). Fewer live replicas than ``min_replicas`` fails the run, naming every loss.
-- **Joining**: a replica requested by the scale command, or started because the Ray cluster has
-  room for one more (``max_replicas``), starts in the background (placement and engine load take
-  minutes on GPUs; training goes on). Once up, it joins the weight sync of the next sync step and
-  the load balancer right after that sync, so its first request is served with the weights the
-  others hold: it never serves stale or random weights.
-- **Leaving** (scale command): out of the load balancer at the next step boundary (requests already
-  on it finish there), shut down at the next sync, when no generation runs (with partial rollout,
-  what still runs there is aborted first and continues on the other replicas).
-
-Everything runs on the trainer's thread between steps, except the background starts, which only
-build a replica and hand it back. The pool has the trainer's step hooks (``trainer/hooks.py``: the trainer's layer
-is above this one, so the pool matches them by name and ``tests/test_elastic_pool_on_cpu.py`` checks it).
+The pool has the trainer's step hooks (``trainer/hooks.py``: the trainer's layer is above this one, so the pool
+matches them by name and ``tests/test_elastic_pool_on_cpu.py`` checks it).
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,10 +31,8 @@ from verl import DataProto
 from verl.workers.rollout.replica import RolloutReplica
 
 from recipe.one_step_off_async.async_config import ElasticConfig
-from recipe.one_step_off_async.elastic.client import REGENERATED, SERVED_BY
+from recipe.one_step_off_async.elastic.client import REGENERATED, SERVED_BY, describe
 from recipe.one_step_off_async.errors import RolloutPoolLostError
-
-__all__ = ["ElasticRolloutPool", "LostReplica", "RolloutPoolLostError", "replicas_that_fit"]
 
 # verl's standalone replicas: one placement-group bundle per device, {"CPU": 2, <device>: 1}
 # (RolloutReplica.init_standalone: max_colocate_count=2; RayResourcePool.get_placement_groups).
@@ -56,23 +42,34 @@ STANDALONE_CPUS_PER_DEVICE = 2
 PROBE_RETRY_S = 1.0
 
 
-@dataclass(frozen=True)
-class LostReplica:
-    rank: int
-    address: str
-    step: int
-    reason: str
+@dataclass
+class _Request:
+    """A scale request being carried out: how many replicas it asked for, started or removed, and finished."""
 
-    def __str__(self) -> str:
-        return f"replica {self.rank} ({self.address}) lost at step {self.step}: {self.reason}"
+    id: int
+    asked: int
+    acted: int = 0  # replicas started or removed; fewer than asked: the rest was refused
+    finished: int = 0  # of those, replicas that joined, shut down or failed to start
+    failed: bool = False  # a replica did not start
+    notes: list[str] = field(default_factory=list)  # what happened so far
+
+    @property
+    def state(self) -> str:
+        if self.finished < self.acted:
+            return "in progress"
+        if self.failed:
+            return "failed"
+        if self.acted < self.asked:
+            return "partial" if self.acted else "refused"  # partial: did what fitted
+        return "done"
 
 
 @dataclass
 class _Start:
-    """A replica being placed and started on a background thread."""
+    """A new replica, from its start on a background thread until it serves (``request``: None if automatic)."""
 
     replica: RolloutReplica
-    request_id: int | None
+    request: _Request | None
     future: concurrent.futures.Future | None = None
     began_at: float | None = None  # when its thread took it up (it may wait behind other starts)
     abandoned: bool = False
@@ -102,25 +99,16 @@ def replicas_that_fit(
     return sum(1 for fits in per_node if fits >= 1) // nodes
 
 
-def _free_resources_per_node() -> dict[str, dict[str, float]]:
-    # The view verl's ResourcePoolManager checks pools against (single_controller/ray/base.py).
-    return ray._private.state.available_resources_per_node()
-
-
-def _start_replica(replica: RolloutReplica) -> RolloutReplica:
+def _start_replica(replica: RolloutReplica) -> None:
     """Runs on a background thread: place the replica on its own placement group and start its server."""
     asyncio.run(replica.init_standalone())
-    return replica
 
 
 def _shut_down(replica: RolloutReplica) -> None:
     """Kill the replica's processes and free its placement group (a dead node's group would be re-placed).
 
-    Nothing is caught: with Ray 2.60 both calls return quietly for an actor or group that is already gone
-    (dead, killed, never created, on a lost node; a group removed or never placed). What they do raise (a
-    GCS call that fails or times out, a handle from another Ray session) is not a replica being gone, and
-    fails the run.
-    """
+    Nothing is caught: with Ray 2.60 both calls return quietly for an actor or group already gone; what they raise
+    (a GCS call failing, a handle from another Ray session) is not a replica being gone, and fails the run."""
     for handle in {*replica.workers, *replica.servers}:
         ray.kill(handle, no_restart=True)
     pool = replica.resource_pool
@@ -129,10 +117,8 @@ def _shut_down(replica: RolloutReplica) -> None:
 
 
 def _abandon_start(rank: int) -> None:
-    """Free the placement group of a replica start that was given up on (its actors go with it).
-
-    Found by verl's group name (the start may not have recorded its groups yet), in this job's namespace.
-    """
+    """Free the placement group of a replica start given up on (its actors go with it), found by verl's group name
+    in this job's namespace: the start may not have recorded its groups yet."""
     prefix = f"rollout_pool_{rank}verl_group_"
     for group in ray.util.placement_group_table().values():
         if group.get("name", "").startswith(prefix) and group.get("state") != "REMOVED":
@@ -146,17 +132,9 @@ def _abandon_start(rank: int) -> None:
 class ElasticRolloutPool:
     """The trainer's view of which replicas serve, join, leave or were lost, and when each change applies.
 
-    Args:
-        settings: ``async_training.elastic``.
-        llm_server_manager: verl's ``LLMServerManager`` that started the initial replicas (standalone).
-        checkpoint_manager: verl's ``CheckpointEngineManager`` (or the recipe's wrapper of it).
-        controller: the job's ``RolloutPoolController`` actor.
-        device_resource: the Ray resource one device of a replica takes (``GPU``; ``CPU`` on CPU).
-        free_resources: the cluster's free resources per node (Ray's view by default; tests inject one).
-        start_replica: builds and starts a replica on a background thread (tests inject one).
-        shut_down: kills a replica's processes and frees its resources (tests inject one).
-        find_dead: replica rank -> cause, for the given replicas that are dead or silent past
-            ``settings.silent_timeout_s`` (Ray's liveness probe by default; tests inject one).
+    ``device_resource``: the Ray resource one device of a replica takes (``GPU``; ``CPU`` on CPU). Tests inject the
+    rest; by default Ray's free resources per node (the view verl's ``ResourcePoolManager`` checks pools against),
+    ``_start_replica``, ``_shut_down`` and ``_dead_replicas``.
     """
 
     def __init__(
@@ -166,8 +144,8 @@ class ElasticRolloutPool:
         checkpoint_manager: Any,
         controller: ray.actor.ActorHandle,
         device_resource: str,
-        free_resources: Callable[[], dict[str, dict[str, float]]] = _free_resources_per_node,
-        start_replica: Callable[[RolloutReplica], RolloutReplica] = _start_replica,
+        free_resources: Callable[[], dict[str, dict[str, float]]] = ray._private.state.available_resources_per_node,
+        start_replica: Callable[[RolloutReplica], Any] = _start_replica,
         shut_down: Callable[[RolloutReplica], None] = _shut_down,
         find_dead: Callable[[list[RolloutReplica]], dict[int, str]] | None = None,
     ) -> None:
@@ -175,71 +153,59 @@ class ElasticRolloutPool:
         self._servers = llm_server_manager
         self._checkpoints = checkpoint_manager
         self._controller = controller
-        self._device_resource = device_resource
         self._free_resources = free_resources
         self._start_replica = start_replica
         self._shut_down = shut_down
         self._find_dead = find_dead or functools.partial(_dead_replicas, silent_timeout_s=settings.silent_timeout_s)
+        self.live: dict[str, RolloutReplica] = {r.server_address: r for r in llm_server_manager.rollout_replicas}
         # verl hands the checkpoint manager the server manager's own list: keep them apart, since the
         # manager's add/remove_replicas updates its list and the pool rebinds the server manager's.
-        for name in ("rollout_replicas", "server_handles", "server_addresses"):
-            setattr(llm_server_manager, name, list(getattr(llm_server_manager, name)))
-        self.live: dict[str, RolloutReplica] = {r.server_address: r for r in llm_server_manager.rollout_replicas}
+        self._sync_server_manager()
         self._rank_of: dict[str, int] = {address: r.replica_rank for address, r in self.live.items()}
         self._joined_at: dict[str, int] = {address: 0 for address in self.live}
         self._starting: list[_Start] = []
-        self._joining: list[tuple[RolloutReplica, int | None]] = []
-        self._leaving: list[tuple[RolloutReplica, int]] = []
-        self.lost: list[LostReplica] = []
-        self._next_rank = max((r.replica_rank for r in self.live.values()), default=-1) + 1
+        self._joining: list[_Start] = []  # up, waiting for their first weight sync
+        self._leaving: list[tuple[RolloutReplica, _Request]] = []
+        self.lost: list[str] = []  # "replica <rank> (<address>) lost at step <step>: <why>"
+        self._next_rank = max(r.replica_rank for r in self.live.values()) + 1
         first = llm_server_manager.rollout_replicas[0]  # every replica has the same layout
         self._shape = (device_resource, first.gpus_per_replica_node, first.nnodes)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="replica-start")
         self.joined = 0
-        # Scale requests: replicas still to join or shut down, what happened so far, which were refused
-        # (in whole or in part), which started or removed something, and which failed (a replica did not
-        # start).
-        self._outstanding: Counter[int] = Counter()
-        self._notes: dict[int, list[str]] = {}
-        self._refused: set[int] = set()
-        self._failed: set[int] = set()
-        self._acted: set[int] = set()
 
     # ------------------------------------------------------------------ step boundaries
 
     def poll(self, step: int) -> None:
         """Every step boundary: take in losses, scale requests, finished starts and room to grow."""
         self._take_lost(step)
-        for request in ray.get(self._controller.take_requests.remote()):
-            self._apply_request(request, step)
-        self._collect_starts(step)
-        self._grow_into_free_resources(step)
-        self._require_min_replicas(step)
+        for scale in ray.get(self._controller.take_requests.remote()):
+            self._apply_request(scale, step)
+        self._collect_starts()
+        self._grow_into_free_resources()
+        if error := self._shortage(step):
+            raise error
 
     def before_sync(self, step: int) -> None:
-        """At a sync step (no generation running, or with partial rollout about to be interrupted): drop the
-        dead, shut the leaving, enrol the joining."""
+        """Before a weight sync (no generation runs, or partial rollout's are interrupted): drop the dead, shut the
+        leaving down, enrol the joining."""
         self._take_lost(step)
-        dead = self._drop_dead(step, "found dead before the weight sync", also=[r for r, _ in self._joining])
-        for replica, request_id in [entry for entry in self._joining if entry[0].replica_rank in dead]:
-            self._joining.remove((replica, request_id))
-            self._shut_down(replica)
-            reason = f"replica {replica.replica_rank} died before its first sync ({dead[replica.replica_rank]})"
-            print(f"[elastic] {reason}")
-            self._done(request_id, reason, failed=True)
-        self._require_min_replicas(step)
-        for replica, request_id in self._leaving:
+        dead = self._drop_dead(step, "found dead before the weight sync", also=[s.replica for s in self._joining])
+        for start in [start for start in self._joining if start.rank in dead]:
+            self._joining.remove(start)
+            self._give_up(start, f"replica {start.rank} died before its first sync ({dead[start.rank]})")
+        if error := self._shortage(step):
+            raise error
+        for replica, request in self._leaving:
             self._abort_requests_on(replica)
             self._shut_down(replica)
-            self._done(request_id, f"replica {replica.replica_rank} shut down at step {step}")
+            self._done(request, f"replica {replica.replica_rank} shut down at step {step}")
         self._leaving = []
         if self._joining:
-            self._checkpoints.add_replicas([replica for replica, _ in self._joining])
+            self._checkpoints.add_replicas([start.replica for start in self._joining])
 
     def _abort_requests_on(self, replica: RolloutReplica) -> None:
-        """With partial rollout, requests routed to a leaving replica may still run at its shutdown: abort them,
-        so their clients resume them on the replicas left from their tokens so far, instead of losing them with
-        the process. Bounded by ``silent_timeout_s``; a server that is gone or does not answer is just killed."""
+        """With partial rollout, requests may still run on a leaving replica: abort them (their clients resume them on
+        the others), bounded by ``silent_timeout_s``; a server that is gone or does not answer is just killed."""
         aborts = [server.abort_all_requests.remote(reject_request=True) for server in replica.servers]
         done, _ = ray.wait(aborts, num_returns=len(aborts), timeout=self.settings.silent_timeout_s)
         for ref in done:
@@ -250,18 +216,17 @@ class ElasticRolloutPool:
         """Right after the sync that gave them the weights, joining replicas start taking requests."""
         if not self._joining:
             return
-        servers = {replica.server_address: replica.server_handle for replica, _ in self._joining}
+        servers = {start.replica.server_address: start.replica.server_handle for start in self._joining}
         ray.get(self._servers.global_load_balancer.add_servers.remote(servers))
-        for replica, request_id in self._joining:
-            address = replica.server_address
-            self.live[address] = replica
-            self._rank_of[address] = replica.replica_rank
+        for start in self._joining:
+            address = start.replica.server_address
+            self.live[address] = start.replica
+            self._rank_of[address] = start.rank
             self._joined_at[address] = step
             self.joined += 1
-            print(
-                f"[elastic] replica {replica.replica_rank} ({address}) joined with v{step}: it takes requests from now on"
-            )
-            self._done(request_id, f"replica {replica.replica_rank} joined at step {step} with v{step}")
+            joined = f"replica {start.rank} joined at step {step} with v{step}"
+            print(f"[elastic] {joined} ({address}): it takes requests from now on")
+            self._done(start.request, joined)
         self._sync_server_manager()
         self._joining = []
 
@@ -269,11 +234,7 @@ class ElasticRolloutPool:
         """After a generation or a sync failed: the named error if too few replicas are left to serve."""
         self._take_lost(step)
         self._drop_dead(step, "found dead after the failure")
-        try:
-            self._require_min_replicas(step, count_joining=False)  # the failed batch needed serving replicas
-        except RolloutPoolLostError as error:
-            return error
-        return None
+        return self._shortage(step, count_joining=False)  # the failed batch needed serving replicas
 
     # ------------------------------------------------------------------ metrics and status
 
@@ -305,9 +266,9 @@ class ElasticRolloutPool:
                 for a, r in self.live.items()
             ],
             "starting": [s.rank for s in self._starting],
-            "joining": [r.replica_rank for r, _ in self._joining],
+            "joining": [s.rank for s in self._joining],
             "leaving": [r.replica_rank for r, _ in self._leaving],
-            "lost": [str(lost) for lost in self.lost],
+            "lost": list(self.lost),
         }
         self._controller.publish.remote(status)
 
@@ -338,21 +299,26 @@ class ElasticRolloutPool:
         return dead
 
     def _lose(self, address: str, step: int, reason: str) -> None:
-        # Idempotent: the agent loops' client removed it already if a request saw it die.
+        replica = self._take_out(address)
+        self.lost.append(f"replica {replica.replica_rank} ({address}) lost at step {step}: {reason}")
+        print(f"[elastic] {self.lost[-1]}; {len(self.live)} replica(s) left")
+        self._shut_down(replica)
+
+    def _take_out(self, address: str) -> RolloutReplica:
+        """Out of the load balancer (again, if a request saw it die), the weight syncs and the server manager."""
         ray.get(self._servers.global_load_balancer.remove_servers.remote([address]))
         replica = self.live.pop(address)
-        self.lost.append(LostReplica(replica.replica_rank, address, step, reason))
-        print(f"[elastic] {self.lost[-1]}; {len(self.live)} replica(s) left")
         self._checkpoints.remove_replicas([replica])
-        self._shut_down(replica)
         self._sync_server_manager()
+        return replica
 
-    def _require_min_replicas(self, step: int, count_joining: bool = True) -> None:
+    def _shortage(self, step: int, count_joining: bool = True) -> RolloutPoolLostError | None:
+        """The error that fails the run if fewer than ``min_replicas`` replicas are left."""
         # Replicas up and waiting for their first sync count: they get the weights at this step's sync.
         if len(self.live) + (len(self._joining) if count_joining else 0) >= self.settings.min_replicas:
-            return
-        lost = "; ".join(str(lost) for lost in self.lost) or "none reported"
-        raise RolloutPoolLostError(
+            return None
+        lost = "; ".join(self.lost) or "none reported"
+        return RolloutPoolLostError(
             f"The rollout pool is down to {len(self.live)} live replica(s) at step {step}, fewer than "
             f"async_training.elastic.min_replicas={self.settings.min_replicas}. Lost: {lost}. "
             f"{len(self._starting) + len(self._joining)} replica(s) were still starting. Check the rollout "
@@ -365,33 +331,26 @@ class ElasticRolloutPool:
         self._servers.server_handles = [r.server_handle for r in replicas]
         self._servers.server_addresses = [r.server_address for r in replicas]
 
-    def _apply_request(self, request: Any, step: int) -> None:
-        notes = []
-        if request.remove:
-            notes.append(self._remove(request.remove, request.id, step))
-        if request.add:
-            notes.append(self._add(request.add, request.id))
-        self._notes[request.id] = notes
-        self._report(request.id)
+    def _apply_request(self, scale: Any, step: int) -> None:
+        request = _Request(scale.id, asked=scale.add + scale.remove)
+        if scale.remove:
+            request.notes.append(self._remove(scale.remove, request, step))
+        if scale.add:
+            request.notes.append(self._add(scale.add, request))
+        self._report(request)
 
-    def _remove(self, count: int, request_id: int, step: int) -> str:
+    def _remove(self, count: int, request: _Request, step: int) -> str:
         keep = self.settings.min_replicas
         if len(self.live) - count < keep:
-            self._refused.add(request_id)
             return (
                 f"refused: removing {count} of {len(self.live)} live replica(s) would leave fewer than "
                 f"async_training.elastic.min_replicas={keep}"
             )
-        newest = sorted(self.live.items(), key=lambda item: item[1].replica_rank)[-count:]
-        ray.get(self._servers.global_load_balancer.remove_servers.remote([address for address, _ in newest]))
-        self._acted.add(request_id)
-        for address, replica in newest:
-            del self.live[address]
-            self._checkpoints.remove_replicas([replica])
-            self._leaving.append((replica, request_id))
-            self._outstanding[request_id] += 1
-        self._sync_server_manager()
-        ranks = [replica.replica_rank for _, replica in newest]
+        newest = sorted(self.live.values(), key=lambda replica: replica.replica_rank)[-count:]
+        for replica in newest:
+            self._leaving.append((self._take_out(replica.server_address), request))
+            request.acted += 1
+        ranks = [replica.replica_rank for replica in newest]
         return f"replica(s) {ranks} take no new requests after step {step}; shut down at the next sync"
 
     def _room(self) -> int:
@@ -399,66 +358,55 @@ class ElasticRolloutPool:
         unplaced = sum(1 for start in self._starting if not start.placed)
         return max(0, replicas_that_fit(self._free_resources(), *self._shape) - unplaced)
 
-    def _add(self, count: int, request_id: int) -> str:
+    def _add(self, count: int, request: _Request) -> str:
         fits = self._room()
         short = fits < count
         if short:
-            _, devices, nodes = self._shape
+            resource, devices, nodes = self._shape
             room = (
                 f"the Ray cluster has free resources for {fits} more replica(s) of {nodes} node(s) x {devices} "
-                f"{self._device_resource}, {count} requested"
+                f"{resource}, {count} requested"
             )
-            self._refused.add(request_id)
             if fits == 0:
                 return f"refused: {room}; add a node to the cluster, or remove a replica first"
             count = fits
-        ranks = [self._begin_start(request_id) for _ in range(count)]
+        ranks = [self._begin_start(request) for _ in range(count)]
         started = f"starting replica(s) {ranks}; each serves from the first weight sync after it is up"
         return f"{room}: {started}" if short else started
 
-    def _begin_start(self, request_id: int | None) -> int:
+    def _begin_start(self, request: _Request | None) -> int:
         rank, self._next_rank = self._next_rank, self._next_rank + 1
-        if request_id is not None:
-            self._outstanding[request_id] += 1
-            self._acted.add(request_id)
+        if request is not None:
+            request.acted += 1
         replica = self._servers.rollout_replica_class(
             replica_rank=rank,
             config=self._servers.rollout_config,
             model_config=self._servers.model_config,
             gpus_per_node=self._servers.rollout_config.n_gpus_per_node,
         )
-        start = _Start(replica, request_id)
+        start = _Start(replica, request)
         start.future = self._executor.submit(self._run_start, start)
         self._starting.append(start)
-        print(f"[elastic] starting replica {rank} (request {request_id if request_id else 'auto'})")
+        print(f"[elastic] starting replica {rank} (request {request.id if request else 'auto'})")
         return rank
 
-    def _run_start(self, start: _Start) -> RolloutReplica:
+    def _run_start(self, start: _Start) -> None:
         start.began_at = time.monotonic()
         try:
-            return self._start_replica(start.replica)
+            self._start_replica(start.replica)
         finally:
             if start.abandoned:  # given up on while it ran: whatever it placed and started goes now
                 self._shut_down(start.replica)
                 _abandon_start(start.rank)
 
-    def _give_up(self, start: _Start, detail: str) -> None:
-        start.abandoned = True
-        self._shut_down(start.replica)
-        _abandon_start(start.rank)
-        print(f"[elastic] {detail}")
-        self._done(start.request_id, detail, failed=True)
-
-    def _collect_starts(self, step: int) -> None:
+    def _collect_starts(self) -> None:
         still = []
         for start in self._starting:
-            if start.future.done():
-                error = start.future.exception()
-                if error is None:
-                    self._joining.append((start.future.result(), start.request_id))
-                    print(f"[elastic] replica {start.rank} is up; it gets the weights at the next sync")
-                else:
-                    self._give_up(start, f"replica {start.rank} failed to start: {error!r}")
+            if start.future.done() and start.future.exception() is None:
+                self._joining.append(start)
+                print(f"[elastic] replica {start.rank} is up; it gets the weights at the next sync")
+            elif start.future.done():
+                self._give_up(start, f"replica {start.rank} failed to start: {start.future.exception()!r}")
             elif start.began_at is not None and time.monotonic() - start.began_at > self.settings.start_timeout_s:
                 self._give_up(
                     start,
@@ -469,7 +417,15 @@ class ElasticRolloutPool:
                 still.append(start)
         self._starting = still
 
-    def _grow_into_free_resources(self, step: int) -> None:
+    def _give_up(self, start: _Start, detail: str) -> None:
+        """A new replica that will not serve: whatever it placed and started goes, and its request fails."""
+        start.abandoned = True
+        self._shut_down(start.replica)
+        _abandon_start(start.rank)
+        print(f"[elastic] {detail}")
+        self._done(start.request, detail, failed=True)
+
+    def _grow_into_free_resources(self) -> None:
         target = self.settings.max_replicas
         pending = len(self._starting) + len(self._joining)
         if target is None or pending or len(self.live) >= target:
@@ -477,37 +433,25 @@ class ElasticRolloutPool:
         if self._room() >= 1:
             self._begin_start(None)
 
-    def _done(self, request_id: int | None, note: str, failed: bool = False) -> None:
+    def _done(self, request: _Request | None, note: str, failed: bool = False) -> None:
         """One replica of a request joined, shut down or failed to start."""
-        if request_id is None:
+        if request is None:
             return
-        self._outstanding[request_id] -= 1
-        self._notes[request_id].append(note)
-        if failed:
-            self._failed.add(request_id)
-        self._report(request_id)
+        request.finished += 1
+        request.notes.append(note)
+        request.failed |= failed
+        self._report(request)
 
-    def _report(self, request_id: int) -> None:
-        if self._outstanding[request_id] > 0:
-            state = "in progress"
-        elif request_id in self._failed:
-            state = "failed"  # a replica did not start
-        elif request_id in self._refused:
-            state = "partial" if request_id in self._acted else "refused"  # partial: did what fitted
-        else:
-            state = "done"
-        self._controller.resolve.remote(request_id, state, "; ".join(self._notes[request_id]))
+    def _report(self, request: _Request) -> None:
+        self._controller.resolve.remote(request.id, request.state, "; ".join(request.notes))
 
 
 def _dead_replicas(replicas: list[RolloutReplica], silent_timeout_s: float) -> dict[int, str]:
     """Replica rank -> why, for replicas with a process that died or stays silent for ``silent_timeout_s``.
 
-    Each process gets one probe (Ray's ``__ray_ready__``), answered as soon as the actor gets to it: at once
-    when idle, after the call it is busy with otherwise (a server's request handling, a loaded machine). So a
-    slow answer is never taken for a death: the wait ends when every process answered or died, or when the
-    bound has passed, and only a process still silent then is declared lost. A probe Ray could not deliver
-    (``ActorUnavailableError``: Ray has not decided yet whether the actor is gone) is sent again every
-    ``PROBE_RETRY_S``; once Ray declares the actor dead, it fails with ``ActorDiedError``.
+    Each process gets one probe (Ray's ``__ray_ready__``), answered once the actor is done with the call it is busy
+    with, so a slow answer is never taken for a death. A probe Ray could not deliver (``ActorUnavailableError``: Ray
+    has not decided yet whether the actor is gone) is sent again every ``PROBE_RETRY_S``.
     """
     rank_of = {handle: replica.replica_rank for replica in replicas for handle in {*replica.workers, *replica.servers}}
     started = time.monotonic()
@@ -518,33 +462,30 @@ def _dead_replicas(replicas: list[RolloutReplica], silent_timeout_s: float) -> d
     announced = False
     while silent:
         round_end = min(time.monotonic() + PROBE_RETRY_S, deadline)
-        asked = set(in_flight.values())
-        in_flight.update({handle.__ray_ready__.remote(): handle for handle in silent - asked})
+        in_flight.update({handle.__ray_ready__.remote(): handle for handle in silent - set(in_flight.values())})
         ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=max(0.0, round_end - time.monotonic()))
-        unreachable = False
         for probe in ready:
             handle = in_flight.pop(probe)
             try:
                 ray.get(probe)
             except ray.exceptions.ActorUnavailableError:
-                unreachable = True  # still silent: asked again next round
-                continue
+                continue  # still silent: asked again next round
             except ray.exceptions.ActorDiedError as error:
-                dead.setdefault(rank_of[handle], f"{type(error).__name__}: {_first_line(error)}")
+                dead.setdefault(rank_of[handle], describe(error))
             silent.discard(handle)
         silent = {handle for handle in silent if rank_of[handle] not in dead}  # one dead process is enough
         in_flight = {probe: handle for probe, handle in in_flight.items() if handle in silent}
-        if time.monotonic() >= deadline:
+        if not silent or time.monotonic() >= deadline:
             break
-        if silent and not announced:  # the trainer waits here: say why
+        if not announced:  # the trainer waits here: say why
             announced = True
             ranks = sorted({rank_of[handle] for handle in silent})
             print(
                 f"[elastic] replica(s) {ranks} have not answered a liveness probe yet; waiting up to "
                 f"async_training.elastic.silent_timeout_s={silent_timeout_s:g} s"
             )
-        if unreachable:
-            time.sleep(max(0.0, round_end - time.monotonic()))
+        # The wait above ran to the round's end, unless only probes Ray could not deliver were left (they fail at once).
+        time.sleep(max(0.0, round_end - time.monotonic()))
     for handle in silent:
         dead.setdefault(
             rank_of[handle],
@@ -553,10 +494,6 @@ def _dead_replicas(replicas: list[RolloutReplica], silent_timeout_s: float) -> d
             f"{_actor_state(handle)})",
         )
     return dead
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else ""
 
 
 def _actor_state(handle: ray.actor.ActorHandle) -> str:

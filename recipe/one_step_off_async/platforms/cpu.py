@@ -12,7 +12,7 @@ the recipe's plugin applies the patches of ``verl_patches`` once it is selected.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -20,14 +20,12 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 from recipe.one_step_off_async.platforms.verl_patches import CPU_PLATFORM, CPU_RAY_RESOURCE, PLATFORM_ENV
 
-PLATFORM_NAME = CPU_PLATFORM
-
 
 class CPUDeviceModule:
     """Stand-in for ``torch.cuda``: verl calls ``get_torch_device().<fn>()`` all over its code.
 
-    Memory queries report 0 (there is no device memory to account for); seeding and RNG state go
-    to the CPU generator; anything else falls through to ``torch.cpu``.
+    ``torch.cpu`` answers most of it (``is_available``, ``synchronize``, ``set_device``, streams); what it lacks is
+    here: memory queries report 0 (there is no device memory to account for) and RNG state is the CPU generator's.
     """
 
     def __getattr__(self, name: str) -> Any:
@@ -37,42 +35,14 @@ class CPUDeviceModule:
             raise AttributeError(f"the cpu platform's device module has no attribute {name!r}") from None
 
     @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
     def get_device_name(*_args, **_kwargs) -> str:
         return "CPU"
 
     @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def set_device(*_args, **_kwargs) -> None:
+    def empty_cache(*_args, **_kwargs) -> None:
         pass
 
-    @staticmethod
-    def synchronize(*_args, **_kwargs) -> None:
-        pass
-
-    @staticmethod
-    def empty_cache() -> None:
-        pass
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
+    reset_peak_memory_stats = empty_cache
 
     @staticmethod
     def get_rng_state(*_args, **_kwargs) -> torch.Tensor:
@@ -89,10 +59,6 @@ class CPUDeviceModule:
     memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
 
     @staticmethod
-    def reset_peak_memory_stats(*_args, **_kwargs) -> None:
-        pass
-
-    @staticmethod
     def mem_get_info(*_args, **_kwargs) -> tuple[int, int]:
         import psutil
 
@@ -100,23 +66,18 @@ class CPUDeviceModule:
         return memory.available, memory.total
 
 
-@PlatformRegistry.register(platform=PLATFORM_NAME)
+@PlatformRegistry.register(platform=CPU_PLATFORM)
 class PlatformCPU(PlatformBase):
     """Device ``cpu``, collectives over ``gloo``, one Ray ``CPU`` per "GPU" slot of a pool."""
 
-    _device_module = CPUDeviceModule()
+    device_name = "cpu"
+    vendor_name = "cpu"
+    device_module = CPUDeviceModule()
 
-    @property
-    def device_name(self) -> str:
-        return "cpu"
+    def _nothing(self, *_args, **_kwargs) -> None:
+        """A device call with nothing to do on CPU."""
 
-    @property
-    def vendor_name(self) -> str:
-        return "cpu"
-
-    @property
-    def device_module(self) -> CPUDeviceModule:
-        return self._device_module
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
 
     def is_available(self) -> bool:
         return True
@@ -133,23 +94,10 @@ class PlatformCPU(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def set_device(self, device_index: int) -> None:
-        pass
-
-    def synchronize(self, device_index: int | None = None) -> None:
-        pass
-
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None:
-        pass
-
-    def empty_cache(self) -> None:
-        pass
+    manual_seed_all = manual_seed
 
     def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
@@ -161,15 +109,8 @@ class PlatformCPU(PlatformBase):
         # No device isolation on CPU; a name nobody reads keeps verl's env plumbing inert.
         return "VERL_CPU_VISIBLE_DEVICES"
 
-    @contextmanager
-    def nvtx_range(self, msg: str):
-        yield
-
-    def profiler_start(self) -> None:
-        pass
-
-    def profiler_stop(self) -> None:
-        pass
+    def nvtx_range(self, msg: str) -> nullcontext:
+        return nullcontext()
 
     def ray_resource_name(self) -> str:
         return CPU_RAY_RESOURCE
@@ -194,7 +135,7 @@ VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 def env_vars() -> dict[str, str]:
     """Environment every process of a CPU run needs (the driver's and each Ray worker's)."""
     return {
-        PLATFORM_ENV: PLATFORM_NAME,
+        PLATFORM_ENV: CPU_PLATFORM,
         # verl registers its FSDP engines for devices cuda/npu only; this verl-provided override
         # (verl/workers/engine/base.py, EngineRegistry.get_engine_cls) selects them on CPU.
         "VERL_ENGINE_DEVICE": "cuda",

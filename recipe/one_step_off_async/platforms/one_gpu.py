@@ -17,20 +17,18 @@ Switched on by ``async_training.one_gpu=true`` (the profile sets it); three thin
   every process makes NCCL treat them as two hosts, which talk over its socket transport.
 
 Like the CPU platform, it is applied in every process that imports verl by the recipe's verl plugin
-(``verl_plugin.py``), when ``env_vars()`` is in that process's environment. ``tests/test_one_gpu_on_cpu.py`` notices when verl stops
-reading the accelerator ids where the patch expects.
+(``verl_plugin.py``), when ``env_vars()`` is in that process's environment. ``tests/test_platforms_one_gpu_on_cpu.py``
+notices when verl stops reading the accelerator ids where the patch expects.
 """
 
 from __future__ import annotations
 
 import os
 
+from recipe.one_step_off_async.platforms.verl_patches import rewrite_accelerator_ids
+
 ACTIVE_ENV = "ONE_STEP_OFF_ONE_GPU"
 LOGICAL_GPUS = 2  # one per pool
-
-
-def is_selected() -> bool:
-    return os.environ.get(ACTIVE_ENV) == "1"
 
 
 def env_vars() -> dict[str, str]:
@@ -41,24 +39,15 @@ def env_vars() -> dict[str, str]:
     }
 
 
-def _every_gpu_is_device_zero(get_accelerator_ids):
-    def get_accelerator_ids_on_one_gpu(self):
-        ids = dict(get_accelerator_ids(self))
-        if ids.get("GPU"):
-            ids["GPU"] = ["0"] * len(ids["GPU"])
-        return ids
-
-    get_accelerator_ids_on_one_gpu.one_gpu_patched = True
-    return get_accelerator_ids_on_one_gpu
+def every_gpu_is_device_zero(ids: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Ray's accelerator ids of this process, every GPU id "0" (the one device there is)."""
+    return {**ids, "GPU": ["0"] * len(ids["GPU"])} if "GPU" in ids else ids
 
 
 def apply() -> None:
     """When selected: patch Ray's accelerator ids and give this process its own NCCL host id (idempotent)."""
-    if not is_selected():
+    if os.environ.get(ACTIVE_ENV) != "1":
         return
-    from ray.runtime_context import RuntimeContext
-
     # Overwritten, not setdefault: Ray workers inherit the driver's value.
     os.environ["NCCL_HOSTID"] = f"one-gpu-{os.getpid()}"
-    if not getattr(RuntimeContext.get_accelerator_ids, "one_gpu_patched", False):
-        RuntimeContext.get_accelerator_ids = _every_gpu_is_device_zero(RuntimeContext.get_accelerator_ids)
+    rewrite_accelerator_ids(every_gpu_is_device_zero, marker="one_gpu_patched")

