@@ -39,8 +39,9 @@ def needs_demo_assets(item: pytest.Item) -> bool:
 
 # The modules that launch the entry point (marks e2e, convergence). Under xdist (``scripts/test.sh``) one
 # worker runs the first three back to back from the start (they share the undisturbed run), while the other runs
-# every module that launches nothing, then the last three: at most two launches share the machine at a time, and
-# the fault tests, whose timings are the tightest, run beside unit tests.
+# every module that launches nothing, then the last three, also as one unit of work (so none of them goes to the
+# first worker, which finishes last): at most two launches share the machine at a time, and the fault tests, whose
+# timings are the tightest, run beside unit tests.
 LAUNCHING_MODULES = (
     "test_e2e_main_on_cpu.py",  # first: the session's undisturbed run, which faults and elastic compare with
     "test_e2e_faults_on_cpu.py",
@@ -49,8 +50,8 @@ LAUNCHING_MODULES = (
     "test_e2e_trainer_features_on_cpu.py",
     "test_e2e_convergence_on_cpu.py",
 )
-BACK_TO_BACK = LAUNCHING_MODULES[:3]
-LAUNCHES = "launches"  # the xdist scope of BACK_TO_BACK
+BACK_TO_BACK, LATER = LAUNCHING_MODULES[:3], LAUNCHING_MODULES[3:]
+LAUNCHES, LATER_LAUNCHES = "launches", "later launches"  # the xdist scopes of BACK_TO_BACK and LATER
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,7 +83,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: the suite also runs without xdist
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (``scripts/test.sh``): each module in one worker, the modules launched back to back in one.
+    """``--dist loadfile`` (``scripts/test.sh``): each module in one worker; the modules launched back to back in one,
+    the later launching modules in one.
 
     xdist's own grouping (``--dist loadgroup``) does not work with pytest 9 (it rewrites ``item._nodeid``, which
     pytest 9 no longer reads), hence a scheduler of its own.
@@ -94,7 +96,8 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
-            return LAUNCHES if Path(module).name in BACK_TO_BACK else module
+            name = Path(module).name
+            return LAUNCHES if name in BACK_TO_BACK else LATER_LAUNCHES if name in LATER else module
 
     return ModuleScheduling(config, log)
 

@@ -163,14 +163,14 @@ def test_rollout_worker_lost_during_weight_sync_fails_the_run(tmp_path):
 
 
 def test_a_reward_function_that_raises_fails_the_run_with_its_exception_not_as_a_lost_replica(tmp_path):
-    """On an elastic pool of two replicas, where a failed request is generated again on a survivor: an error of the
-    reward function is the user's, not a replica's, and fails the run at once with it."""
+    """On an elastic pool, where a request whose replica fails is generated again on another (and the pool fails
+    with ``RolloutPoolLostError`` when none is left): an error of the reward function is the user's, not a
+    replica's, and fails the run at once with it."""
     run = run_main(
         tmp_path,
         *BOUNDED,
         "trainer.total_training_steps=3",
         *ELASTIC,
-        "actor_rollout_ref.rollout.n_gpus_per_node=2",
         *reward_function(tmp_path, "raise ZeroDivisionError(f'reward bug on {solution_str!r}')"),
         timeout_s=300,
     )

@@ -1,8 +1,8 @@
 """The suite's own scheduling under pytest-xdist (``scripts/test.sh``, ``tests/conftest.py``).
 
 One worker takes the modules launched back to back (the undisturbed run and the elastic and fault tests that compare
-with it), so that run is made once; each other module stays in one worker, so its module-scoped fixtures are made
-once. The scheduler subclasses a class of xdist's (``LoadFileScheduling._split_scope``): these tests fail when xdist
+with it), so that run is made once; the other launching modules are one unit too, which the other worker takes after
+the modules that launch nothing; each other module stays in one worker, so its module-scoped fixtures are made once. The scheduler subclasses a class of xdist's (``LoadFileScheduling._split_scope``): these tests fail when xdist
 changes it.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from conftest import BACK_TO_BACK, LAUNCHES, LAUNCHING_MODULES, pytest_xdist_make_scheduler
+from conftest import BACK_TO_BACK, LATER, LATER_LAUNCHES, LAUNCHES, LAUNCHING_MODULES, pytest_xdist_make_scheduler
 
 pytest.importorskip("xdist")
 
@@ -25,13 +25,12 @@ def scheduler(dist: str):
     return pytest_xdist_make_scheduler(config, log=None)
 
 
-def test_the_modules_launched_back_to_back_are_one_unit_of_work_and_every_other_module_its_own():
+def test_the_launching_modules_are_two_units_of_work_and_every_other_module_its_own():
     split = scheduler("loadfile")._split_scope
     assert sorted(path.name for path in TESTS.glob("test_e2e_*.py")) == sorted(LAUNCHING_MODULES)
-    assert "test_e2e_faults_on_cpu.py" in BACK_TO_BACK
-    assert {split(f"tests/{name}::test_one[vllm]") for name in BACK_TO_BACK} == {LAUNCHES}
-    for name in set(LAUNCHING_MODULES) - set(BACK_TO_BACK):
-        assert split(f"tests/{name}::test_one[vllm]") == f"tests/{name}"
+    assert "test_e2e_faults_on_cpu.py" in BACK_TO_BACK and set(LATER) == set(LAUNCHING_MODULES) - set(BACK_TO_BACK)
+    assert {split(f"tests/{name}::test_one") for name in BACK_TO_BACK} == {LAUNCHES}
+    assert {split(f"tests/{name}::test_one") for name in LATER} == {LATER_LAUNCHES}
     assert split("tests/test_runs_on_cpu.py::test_one") == "tests/test_runs_on_cpu.py"
     assert split("tests/test_runs_on_cpu.py::test_two") == "tests/test_runs_on_cpu.py"
 
