@@ -305,13 +305,19 @@ def test_a_failed_write_is_a_clear_error_and_leaves_no_partial_version(tmp_path,
     _assert_exactly(workers.sync(seed=3, version=3)[0], seed=3, version=3)
 
 
-def test_a_version_that_cannot_be_read_fails_the_receiver_naming_it(tmp_path):
+@pytest.mark.parametrize("damage", ["garbled header", "shard removed"])
+def test_a_version_that_cannot_be_read_whole_fails_the_receiver_naming_it(tmp_path, damage):
     workers = _Workers(tmp_path, receivers=1)
     workers.sync(seed=1, version=1)
     folder = _version_folder(tmp_path, 1)
-    with open(next(folder.glob("shard-*")), "r+b") as file:
-        file.seek(8)
-        file.write(b"#" * 16)  # a garbled header
+    shards = sorted(folder.glob("shard-*"))
+    assert len(shards) > 1
+    if damage == "shard removed":  # as by another run writing to the same folder: no tensor of it is loaded
+        shards[-1].unlink()
+    else:
+        with open(shards[0], "r+b") as file:
+            file.seek(8)
+            file.write(b"#" * 16)
     receiver = workers.receivers[0]
     receiver.init_process_group(
         rank=1, world_size=2, location=WeightsLocation(str(tmp_path), sync_id=folder.name.split("-")[1])

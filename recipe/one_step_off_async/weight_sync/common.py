@@ -21,16 +21,6 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngine
 from verl.workers.rollout.utils import ensure_async_iterator
 
-__all__ = [
-    "DRAIN_RANK",
-    "SOURCE_RANK",
-    "NamedTensors",
-    "ReceivedWeights",
-    "SingleSourceEngine",
-    "drain",
-    "engine_kwarg_key",
-]
-
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]]
 
 SOURCE_RANK = 0

@@ -29,6 +29,7 @@ send_weights | receive_weights, finalize; the topology is ``SingleSourceEngine``
   the same all-gathers) and raises ``WeightSyncError`` naming the folder and the fix.
 - A rollout worker waits up to ``timeout_s`` for its sync's version folder, whose name carries the version and
   the sync id: a version of another run or of an earlier sync (a resumed run, a re-sent version) is never loaded.
+  It reads as many shard files as the writer counted in the folder (``shards``), or fails naming the folder.
   It yields the tensors in the order the actor sent them, under the contract of ``ReceivedWeights``.
 
 ``python -m benchmarks checkpoint-engine`` measures its throughput against the gloo engine's.
@@ -68,8 +69,6 @@ from recipe.one_step_off_async.weight_sync.common import (
     engine_kwarg_key,
 )
 
-__all__ = ["FileCheckpointEngine", "WeightsLocation"]
-
 logger = logging.getLogger(__name__)
 
 DIR_KEY = engine_kwarg_key("checkpoint", "dir")
@@ -80,6 +79,8 @@ LOCK = ".lock"
 
 _WRITTEN = re.compile(r"v\d+-[0-9a-f]+(\.tmp)?")
 """A version folder, or one a writer did not finish."""
+SHARD_COUNT = "shards"
+"""In a version folder: how many shard files the writer wrote, so a reader can tell it read them all."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,10 @@ class FileCheckpointEngine(SingleSourceEngine):
                 await shards.add(name, tensor)
             await shards.finish()
             os.rename(shards.folder, final)
-        except Exception as error:
+        except BaseException as error:
+            if not isinstance(error, Exception):  # cancelled, interrupted: no partial version left behind
+                shutil.rmtree(shards.folder, ignore_errors=True)
+                raise
             await shards.discard()
             await drain(stream)  # the other actor ranks run the same all-gathers: see them through
             if isinstance(error, OSError):
@@ -222,14 +226,17 @@ class FileCheckpointEngine(SingleSourceEngine):
         stream.version = version
         waited, load_s = time.perf_counter() - start, 0.0
         try:
-            for shard in sorted(path.glob("shard-*.safetensors")):
+            expected, found = int((path / SHARD_COUNT).read_text()), sorted(path.glob("shard-*.safetensors"))
+            if len(found) != expected:
+                raise OSError(f"{len(found)} of its {expected} shard files are there")
+            for shard in found:
                 with safe_open(shard, framework="pt") as file:
                     for name in json.loads(file.metadata()["names"]):
                         tensor = file.get_tensor(name)
                         handed = time.perf_counter()
                         yield name, tensor
                         load_s += time.perf_counter() - handed
-        except (OSError, SafetensorError) as error:
+        except (OSError, ValueError, SafetensorError) as error:
             raise WeightSyncError(
                 f"checkpoint weight sync: rollout rank {rank} failed reading weight version {version} from {path}: "
                 f"{error}. Something else changed or removed that folder (one run per {DIR_KEY})."
@@ -264,6 +271,7 @@ class _ShardWriter:
     async def finish(self) -> None:
         await self._flush()
         await self._wait()
+        (self.folder / SHARD_COUNT).write_text(str(self.files))
 
     async def discard(self) -> None:
         """Let the write in flight end (its error is the caller's already), then remove the partial folder."""

@@ -69,8 +69,6 @@ from recipe.one_step_off_async.weight_sync.common import (
     drain,
 )
 
-__all__ = ["BucketHeader", "GlooCheckpointEngine", "StoreAddress"]
-
 logger = logging.getLogger(__name__)
 
 ALIGNMENT = 64
