@@ -20,6 +20,7 @@ that never returns, a NaN reward) are injected into the real trainer with stub w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from pathlib import Path
 import psutil
 import ray
 from e2e import CPU_PROFILE, LEAN_RAY, LEAN_RAY_ENV
+from ray_cluster import runtime_env_overrides
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from recipe.one_step_off_async import runs
@@ -44,6 +46,7 @@ from recipe.one_step_off_async.trainer.agent_loops import VersionedToolAgentLoop
 
 TESTS_DIR = Path(__file__).resolve().parent
 KILL_REPLICA_AT_CALL_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_AT_CALL"
+KILL_REPLICA_NODE_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_NODE_REPORT"
 KILL_AT_TOOL_CALL_ENV = "FAULTS_TOOL_AGENT_LOOP_KILL_REPLICA_AT_TOOL_CALL"
 KILLED_CONVERSATION_ENV = "FAULTS_KILLED_CONVERSATION_FILE"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
@@ -57,13 +60,42 @@ ACTOR_WORKER = "ray::WorkerDict"
 # --- in-process faults ---------------------------------------------------------------------------
 
 
+ROLLOUT_ACTORS = ("vLLMHttpServer", "CheckpointEngineWorker")  # what a replica's node runs of the job
+
+
 async def _kill_a_replica_on_call(agent_loop) -> None:
-    """On this worker process's N-th agent-loop call, kill the replica the load balancer would pick next."""
+    """On this worker process's N-th agent-loop call, kill the replica the load balancer would pick next (with
+    ``KILL_REPLICA_NODE_ENV``, a node that runs a replica and nothing else of the job)."""
     _calls[0] += 1
     if _calls[0] == int(os.environ.get(KILL_REPLICA_AT_CALL_ENV, 0)):
+        if KILL_REPLICA_NODE_ENV in os.environ:
+            _kill_a_rollout_node(Path(os.environ[KILL_REPLICA_NODE_ENV]))
+            return
         server_id, server = await agent_loop.server_manager._acquire_server(f"fault-{uuid.uuid4().hex}")
         agent_loop.server_manager._release_server(server_id)
         ray.kill(server)  # its process is killed, as by the OOM killer: requests on it die with it
+
+
+def _kill_a_rollout_node(report: Path) -> None:
+    """Kill every process of a node that runs a replica and nothing else of the job (as a rollout node of a real
+    cluster: verl places its load balancer, agent-loop and reward-loop workers on any node), at once, as a machine
+    that is lost; first write to ``report`` that node and the node of every live actor of the cluster, by class."""
+    actors = [
+        (actor["ActorClassName"].rsplit(".", 1)[-1], actor["Address"]["NodeID"])
+        for actor in ray._private.state.actors().values()
+        if actor["State"] == "ALIVE"
+    ]
+    replica_nodes = sorted({node for name, node in actors if name == ROLLOUT_ACTORS[0]})
+    node = next(n for n in replica_nodes if all(name in ROLLOUT_ACTORS for name, at in actors if at == n))
+    report.write_text(json.dumps({"killed_node": node, "actors": actors}))
+    (raylet,) = (
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "raylet" and f"--node_id={node}" in (p.info["cmdline"] or [])
+    )
+    for process in [raylet, *raylet.children(recursive=True)]:  # the node's daemons, workers and their children
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 _calls = [0]
@@ -143,11 +175,12 @@ def killed_conversation(directory: Path) -> dict:
 
 
 def failing_generation(
-    directory: Path, kill_replica_at_call: int, long_tail: bool = False
+    directory: Path, kill_replica_at_call: int, long_tail: bool = False, kill_node: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """Overrides and env for a run whose generation kills a rollout replica on agent-loop call N.
 
     ``long_tail``: the run is on the long-tail task, whose rows name their agent loop; the fault takes its name.
+    ``kill_node``: it kills a replica's node instead (on a multi-node cluster), reported to ``killed_node``.
     """
     config = directory / "failing_agent_loop.yaml"
     if long_tail:
@@ -159,7 +192,15 @@ def failing_generation(
             f"actor_rollout_ref.rollout.agent.agent_loop_config_path={config}",
             "actor_rollout_ref.rollout.agent.default_agent_loop=failing_agent",
         ]
-    return overrides, {KILL_REPLICA_AT_CALL_ENV: str(kill_replica_at_call), **_tests_on_python_path()}
+    env = {KILL_REPLICA_AT_CALL_ENV: str(kill_replica_at_call), **_tests_on_python_path()}
+    if kill_node:
+        env[KILL_REPLICA_NODE_ENV] = str(directory / "killed_node.json")
+    return overrides, env
+
+
+def killed_node(directory: Path) -> dict:
+    """What ``failing_generation(kill_node=True)`` reported: the node it killed, and each live actor's node then."""
+    return json.loads((directory / "killed_node.json").read_text())
 
 
 def reward_function(directory: Path, body: str) -> list[str]:
@@ -262,12 +303,15 @@ class WatchedRun:
 
 
 def start_main(directory: Path, *overrides: str, env: dict | None = None) -> WatchedRun:
-    """Start the entry point on the CPU profile with metrics, rollout dumps and checkpoints in ``directory``."""
+    """Start the entry point on the CPU profile with metrics, rollout dumps and checkpoints in ``directory``; with
+    ``RAY_ADDRESS`` in ``env``, on that running cluster, whose workers get the run's marker through Ray's runtime env."""
     marker = uuid.uuid4().hex
+    joins = runtime_env_overrides({RUN_MARKER_ENV: marker}) if "RAY_ADDRESS" in (env or {}) else []
     launch = runs.start(
         directory,
         runs.dump_rollouts(directory),
         *LEAN_RAY,
+        *joins,
         *overrides,
         profile=CPU_PROFILE,
         env={**LEAN_RAY_ENV, RUN_MARKER_ENV: marker, **(env or {})},

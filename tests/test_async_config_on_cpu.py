@@ -97,6 +97,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (["async_training.staleness=-1"], r"async_training.staleness=-1 must be an integer >= 0"),
         (["async_training.staleness=0.5"], r"async_training.staleness=0.5 must be an integer"),
         (["async_training.sync_timeout_s=0"], r"async_training.sync_timeout_s=0 must be a positive"),
+        (["async_training.start_timeout_s=-1"], r"async_training.start_timeout_s=-1 must be a positive"),
         (["async_training.sync_interval=0"], r"async_training.sync_interval=0 must be an integer >= 1"),
         (["async_training.one_gpu=true"], r"async_training.one_gpu=true .* needs trainer.device=cuda"),
         (

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from verl import DataProto
+from verl.workers.rollout.llm_server import LLMServerClient
 
 from recipe.one_step_off_async.async_config import ElasticConfig
 from recipe.one_step_off_async.elastic.client import (
@@ -484,6 +485,31 @@ def test_a_request_whose_replica_dies_is_generated_again_on_a_survivor(ray_shipp
     assert cpu_ray.get(balancer.get_all_servers.remote()) == ["server://healthy"]
     lost = cpu_ray.get(controller.take_lost.remote())
     assert list(lost) == ["server://dying"] and lost["server://dying"].startswith("ActorDiedError")
+
+
+def test_a_request_whose_replica_ray_cannot_reach_is_asked_again_until_ray_declares_it_dead(
+    ray_shipping_servers, servers, monkeypatch
+):
+    """A lost node: Ray first cannot reach its actors (ActorUnavailableError), then declares them dead."""
+    cpu_ray = ray_shipping_servers
+    client, balancer, controller = _client_and_pool(
+        cpu_ray, servers, {"server://on-lost-node": "die", "server://healthy": "answer"}
+    )
+    monkeypatch.setattr("recipe.one_step_off_async.elastic.client.UNAVAILABLE_RETRY_S", 0.01)
+    generate, unreachable = LLMServerClient.generate, [2]
+
+    async def unreachable_twice(self, request_id, **kwargs):
+        if unreachable[0]:
+            unreachable[0] -= 1
+            await self._acquire_server(request_id)
+            raise cpu_ray.exceptions.ActorUnavailableError("the actor's node does not answer", None)
+        return await generate(self, request_id, **kwargs)
+
+    monkeypatch.setattr(LLMServerClient, "generate", unreachable_twice)
+    output = _generate(cpu_ray, client)
+    assert unreachable == [0] and output.extra_fields[SERVED_BY] == "server://healthy"
+    assert output.extra_fields[REGENERATED] == 1  # the unreachable attempts are not losses; its death is
+    assert list(cpu_ray.get(controller.take_lost.remote())) == ["server://on-lost-node"]
 
 
 class EngineDeadError(RuntimeError):

@@ -611,6 +611,51 @@ def test_standalone_replicas_are_placed_as_the_pool_expects():
     assert 'f"{self.name_prefix}verl_group_' in groups
 
 
+def _nccl_engine_source() -> str:
+    """verl's nccl engine, read: importing it imports cupy, which a CPU machine lacks."""
+    return (Path(verl.__file__).parent / "checkpoint_engine" / "nccl_checkpoint_engine.py").read_text()
+
+
+def test_verls_nccl_engine_defaults_to_multi_sender_as_the_weight_sync_page_says():
+    """The signature's default (its docstring says False), which engine_kwargs.nccl.multi_sender overrides."""
+    tree = ast.parse(_nccl_engine_source())
+    engine = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "NCCLCheckpointEngine")
+    init = next(node for node in engine.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    arguments = [argument.arg for argument in init.args.args]
+    defaults = dict(zip(arguments[len(arguments) - len(init.args.defaults) :], init.args.defaults, strict=True))
+    default = ast.literal_eval(defaults["multi_sender"])
+    page = (Path(__file__).parents[1] / "docs/advance/one_step_off_async/weight_sync.md").read_text()
+    assert f"`multi_sender` defaults to `{str(default).lower()}`" in page
+    assert default is True
+    # Both pools build the engine with the backend's engine_kwargs as keyword arguments.
+    from verl.checkpoint_engine import base
+    from verl.workers import engine_workers
+
+    assert "engine_kwargs = checkpoint_engine_config.engine_kwargs.get(backend, {})" in inspect.getsource(
+        engine_workers
+    )
+    assert "engine_kwargs = self.rollout_config.checkpoint_engine.engine_kwargs.get(backend, {})" in (
+        inspect.getsource(base)
+    )
+
+
+def test_an_nccl_sync_still_holds_what_the_launchs_memory_estimate_counts():
+    """preflight.sync_memory_bytes: two buckets per engine worker (every actor rank and rollout worker, relay or
+    not), one for the hand-off to vLLM, and a tensor larger than a bucket merged whole."""
+    from verl.checkpoint_engine.base import merge_weight_chunks
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+
+    prepare = _nccl_engine_source().split("    def prepare(self)")[1].split("\n    def ")[0]
+    assert 'self.send_buf = torch.zeros(self.bucket_size, dtype=torch.uint8, device="cuda")' in prepare
+    assert 'self.recv_buf = torch.zeros(self.bucket_size, dtype=torch.uint8, device="cuda")' in prepare
+    assert "buffer = torch.empty(self.bucket_size, dtype=torch.uint8" in inspect.getsource(
+        BucketedWeightSender._init_buffer
+    )
+    assert "torch.empty(tensor_meta.shape, dtype=tensor_meta.dtype, device=chunk.device)" in inspect.getsource(
+        merge_weight_chunks
+    )
+
+
 def test_ray_applies_its_local_token_rule_through_the_function_the_scale_command_calls():
     from ray._private.authentication import authentication_token_setup
 

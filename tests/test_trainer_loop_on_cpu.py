@@ -22,6 +22,7 @@ from recipe.one_step_off_async.errors import (
     WeightVersionError,
 )
 from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
+from recipe.one_step_off_async.trainer.replica_start import ReplicaStart
 from recipe.one_step_off_async.trainer.sync_manager import OneStepOffCheckpointManager
 
 TOTAL_STEPS = 6
@@ -428,3 +429,44 @@ def test_on_one_gpu_the_replicas_start_after_the_actor_as_in_verl(monkeypatch):
     assert events == ["actor"]
     trainer.replica_start.servers()
     assert events == ["actor", "replicas"]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_replica_start_that_never_finishes_fails_naming_the_pool_and_what_ray_has_free(monkeypatch, overlap):
+    """verl waits on the replicas' placement without a timeout; the trainer waits async_training.start_timeout_s."""
+    never = threading.Event()
+    monkeypatch.setattr(ReplicaStart, "_create", lambda self: never.wait())
+    config = OmegaConf.create(
+        {"trainer": {"device": "cuda"}, "actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 4}}}
+    )
+    start = ReplicaStart(
+        config, overlap, timeout_s=0.3, free_resources=lambda: {"CPU": 12.0, "GPU": 2.0, "memory": 1e9}
+    )
+    start.begin()
+    began = time.monotonic()
+    with pytest.raises(PipelineTimeoutError) as caught:
+        start.servers()
+    assert 0.25 <= time.monotonic() - began < FAIL_WITHIN_S
+    assert str(caught.value).startswith(
+        "The rollout replicas did not start within 0.3 s (async_training.start_timeout_s). The rollout pool, "
+        "actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 4 cuda devices, is not placed yet"
+    )
+    assert "Ray reports free: 2 GPU, 12 CPU." in str(caught.value)
+    never.set()
+
+
+def test_the_replicas_start_time_counts_from_its_beginning_not_from_the_wait(monkeypatch):
+    """Begun with the actor's workers, the start has used its time by the trainer's wait: it fails at once."""
+    never = threading.Event()
+    monkeypatch.setattr(ReplicaStart, "_create", lambda self: never.wait())
+    config = OmegaConf.create(
+        {"trainer": {"device": "cpu"}, "actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 1}}}
+    )
+    start = ReplicaStart(config, overlap=True, timeout_s=0.2, free_resources=dict)
+    start.begin()
+    time.sleep(0.3)
+    began = time.monotonic()
+    with pytest.raises(PipelineTimeoutError, match="Ray reports free: none of GPU, NPU, CPU"):
+        start.servers()
+    assert time.monotonic() - began < 0.2
+    never.set()

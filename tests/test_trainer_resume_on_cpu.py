@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe.one_step_off_async.errors import CheckpointError
-from recipe.one_step_off_async.trainer.resume import resume_folder, verify_checkpoint
+from recipe.one_step_off_async.trainer.resume import resume_folder, verify_checkpoint, verify_resume_checkpoint
 
 MODEL_CONFIG = {"model_type": "qwen2", "vocab_size": 275, "hidden_size": 128, "num_hidden_layers": 2}
 
@@ -102,3 +102,21 @@ def test_checkpoint_of_another_actor_layout_is_named(tmp_path, model_dir):
     folder = write_checkpoint(tmp_path, world_size=2)
     with pytest.raises(CheckpointError, match="written by \\[2\\] actor ranks but this run has 1"):
         verify_checkpoint(folder, str(model_dir), actor_world_size=1)
+
+
+@pytest.mark.parametrize(("kind", "rank"), [("model", 0), ("optim", 2), ("extra_state", 3)])
+def test_a_ranks_missing_shard_is_named_before_ray(tmp_path, model_dir, kind, rank):
+    """The world size matches, but one rank's file is missing (a node saved to a folder the others do not share)."""
+    folder = write_checkpoint(tmp_path, world_size=4)
+    name = f"{kind}_world_size_4_rank_{rank}.pt"
+    (folder / "actor" / name).unlink()
+    config = OmegaConf.create(
+        {
+            "trainer": {**trainer_config(tmp_path), "nnodes": 1, "n_gpus_per_node": 4},
+            "actor_rollout_ref": {"model": {"path": str(model_dir)}},
+        }
+    )
+    with pytest.raises(CheckpointError) as caught:
+        verify_resume_checkpoint(config)
+    assert str(caught.value).startswith(f"Checkpoint {folder / 'actor'} lacks actor rank {rank}'s shard {name}:")
+    assert "every rank 0..3 writes its model, optim and extra_state files" in str(caught.value)

@@ -1,16 +1,10 @@
 """The recipe's own config keys (``async_training``) and what a config must keep before a launch starts.
 
-What: ``AsyncTrainingConfig`` and ``ElasticConfig`` declare the ``async_training`` keys, each field's help and
-range once, in its metadata (``schema.Check``); each section validates itself when it is built. The cross-key
-checks over verl's keys and ours ("when K1 = v, K2 must be w") are plain functions, one per feature, each
-returning its problems with the key and the fix; ``config_problems`` calls them in the order a launch reports
-them and adds up what they return (a check that needs a value an earlier one refused is listed as skipped).
-``validate_config`` raises them as one ``ConfigError`` and returns the parsed section.
-
-Why: ``launch.check_launch`` runs it before Ray or any worker starts, so a bad config costs seconds, not a
-cluster allocation. It reads only the config (no files, no backend imports: ``preflight`` checks the disk
-and this machine). What verl's own validation refuses before Ray (``verl.utils.config.validate_config``) is
-left to it; what verl refuses only inside a Ray worker (``RolloutConfig.__post_init__``) is checked here.
+``AsyncTrainingConfig`` and ``ElasticConfig`` declare each key's help and range once, in its metadata
+(``schema.Check``), and validate themselves when built. The cross-key checks over verl's keys and ours are plain
+functions, one per feature, each returning its problems with the key and the fix; ``config_problems`` adds them up
+in the order a launch reports them. It reads only the config (``preflight`` checks the disk and this machine), before
+Ray starts; what verl refuses only inside a Ray worker (``RolloutConfig.__post_init__``) is checked here too.
 """
 
 from __future__ import annotations
@@ -141,6 +135,14 @@ class AsyncTrainingConfig:
     sync_timeout_s: float = field(
         default=600.0,
         metadata={"help": "Longest one actor -> rollout weight sync may take.", "check": SECONDS},
+    )
+    start_timeout_s: float = field(
+        default=1800.0,
+        metadata={
+            "help": "Longest the rollout replicas may take to be placed and start their engines at launch; the run "
+            "then fails naming the rollout pool and what Ray has free.",
+            "check": SECONDS,
+        },
     )
     console: str = field(
         default="compact",

@@ -1,9 +1,7 @@
 """The backends a config selects by their registered names, in one table.
 
-What: each rollout backend (``actor_rollout_ref.rollout.name``, ``reward.reward_model.rollout.name``) with the
-weight-sync (checkpoint) engines that can feed it, the ``trainer.device`` values it runs on and the modules it
-imports; each checkpoint engine (``rollout.checkpoint_engine.backend``) with its modules and the modes it serves.
-Modules are keys of ``preflight.REQUIREMENTS``.
+Each rollout backend (``actor_rollout_ref.rollout.name``, ``reward.reward_model.rollout.name``) and each
+checkpoint engine (``rollout.checkpoint_engine.backend``) with what it can run with and what it imports.
 
 Why: the launch's checks (``async_config``) refuse a combination that cannot run and the preflight
 (``preflight``) checks that what the config selects is installed: both read this table, so a backend is added
@@ -23,12 +21,9 @@ class RolloutBackend:
     """A rollout backend verl can serve replicas of."""
 
     name: str
-    # The checkpoint engines that can feed it the actor's weights.
-    checkpoint_engines: tuple[str, ...]
-    # The trainer.device values it runs on.
-    devices: tuple[str, ...]
-    # What it imports beyond the base install (preflight.REQUIREMENTS keys).
-    modules: tuple[str, ...]
+    checkpoint_engines: tuple[str, ...]  # the checkpoint engines that can feed it the actor's weights
+    devices: tuple[str, ...]  # the trainer.device values it runs on
+    modules: tuple[str, ...]  # what it imports beyond the base install (preflight.REQUIREMENTS keys)
     # Its abort returns the tokens generated so far, which partial rollout continues from (vLLM: verl's
     # vLLMHttpServer.abort_all_requests, which pauses the engine and parks new requests until resume).
     resumes_aborted: bool = False
@@ -39,15 +34,13 @@ class CheckpointEngine:
     """A weight-sync engine registered with verl's CheckpointEngineRegistry."""
 
     name: str
-    # What it imports beyond the base install (preflight.REQUIREMENTS keys).
-    modules: tuple[str, ...]
+    modules: tuple[str, ...]  # what it imports beyond the base install (preflight.REQUIREMENTS keys)
     # It follows a change of the rollout pool's membership from one sync to the next (the elastic pool).
     follows_membership: bool = False
     # Its sync runs through verl's CheckpointEngineManager.update_weights, which aborts the running requests,
     # loads the weights and resumes generation: what partial rollout needs from a sync.
     aborts_and_resumes: bool = False
-    # It moves tensors through CUDA (cupy's NCCL): never on trainer.device=cpu.
-    cuda_only: bool = False
+    cuda_only: bool = False  # it moves tensors through CUDA (cupy's NCCL): never on trainer.device=cpu
 
 
 # nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters. gloo: the recipe's CPU engine

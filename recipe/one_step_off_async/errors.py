@@ -9,11 +9,8 @@ from __future__ import annotations
 
 
 class ConfigError(ValueError):
-    """A config the recipe cannot run; each problem names the key and how to fix it (raised before Ray starts).
-
-    A check that finds several problems raises one error carrying them all (``problems``), so a launch
-    reports every problem at once (``launch.check_launch``).
-    """
+    """A config the recipe cannot run (raised before Ray starts); it carries every problem a check found
+    (``problems``), each naming the key and how to fix it, so a launch reports them all at once."""
 
     def __init__(self, *problems: str, skipped: tuple[str, ...] = ()) -> None:
         super().__init__("\n".join(problems))
@@ -36,8 +33,7 @@ class LaunchProblems(ConfigError):
         """The list a user reads: each problem with its fix, then the checks that could not run."""
         count = len(self.problems)
         lines = [f"The launch has {count} problem{'s' if count != 1 else ''}; nothing was started:"]
-        for number, problem in enumerate(self.problems, 1):
-            lines.append(f"  {number}. " + problem.replace("\n", "\n     "))
+        lines += [f"  {number}. " + problem.replace("\n", "\n     ") for number, problem in enumerate(self.problems, 1)]
         if self.skipped:
             lines.append("Not checked yet (they run once the problems above are fixed):")
             lines.extend(f"  - {check}" for check in self.skipped)
@@ -75,6 +71,10 @@ class RolloutPoolLostError(RuntimeError):
 
 class RolloutEngineDiedError(RuntimeError):
     """A rollout replica's engine died (vLLM's engine process, or the replica's server actor) while the run waited."""
+
+
+class WorkerLostError(RuntimeError):
+    """A worker the run cannot go on without (the actor's, the critic's...) died or its node was lost."""
 
 
 class RunFailed(RuntimeError):

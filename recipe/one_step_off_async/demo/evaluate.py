@@ -1,13 +1,10 @@
 """Offline accuracy of a demo model on a split: a sanity check of the assets, not verl's validation.
 
-What: generates one answer per row with HF ``generate`` (greedy, or sampled at a temperature),
-decodes it as verl's reward managers do (up to the first eos, special tokens skipped) and scores
-it with the task's ``compute_score``.
+What: one answer per row with HF ``generate`` (greedy, or sampled at a temperature), decoded as verl's reward
+managers do (up to the first eos, special tokens skipped) and scored by the task's ``compute_score``.
 
 Why: the asset build records the warm-started model's accuracy, and tests check it lies in the
 intended band, without starting a verl trainer.
-
-How: ``accuracy(assets.model_dir, assets.val_file)``; ``temperature=1.0`` for sampled accuracy.
 """
 
 from pathlib import Path

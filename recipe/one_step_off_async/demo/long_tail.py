@@ -4,25 +4,19 @@ What: a prompt ``repeat c`` asks for the letter ``c`` written over a response bu
 share of the budget written as ``c`` (partial credit, so it is learnable from the demo model's first
 guesses). Budgets are lognormal, capped at ``MAX_RESPONSE_LENGTH``, in two shapes (``TailShape``):
 
-- ``LONG_TAIL``: one budget per problem, median 48 tokens, p99 about ten times that; a batch of 64
-  waits for a sample about eight times its median (profile ``one_step_off_ppo_cpu_long_tail``);
-- ``HEAVY_TAIL``: each training sample draws its own budget around its problem's, so lengths vary
-  within a group as well as across prompts: median 32, p99 at the cap (15 times the median), about 3%
-  of the samples at the cap (profile ``one_step_off_ppo_cpu_generation_bound``).
+- ``LONG_TAIL``: one budget per problem, median 48 tokens, p99 about ten times that (profile
+  ``one_step_off_ppo_cpu_long_tail``);
+- ``HEAVY_TAIL``: each training sample draws its own budget around its problem's, so lengths vary within a group
+  too: median 32, p99 at the cap, about 3% of the samples there (``one_step_off_ppo_cpu_generation_bound``).
 
-Why: the built-in sort task's answers are at most 6 tokens, so no batch has a tail. Math reasoning and
-agent rollouts do: most samples finish early and the replicas idle while the longest run. These tasks
-put that shape through the real entry point at a controlled, reproducible length distribution, for the
-partial-rollout benchmark (``python -m benchmarks partial-rollout``) and its tests.
+Why: the sort task's answers are at most 6 tokens, so no batch has a tail; math reasoning and agent rollouts do
+(the replicas idle while the longest run). These tasks put that shape through the real entry point, reproducibly,
+for the partial-rollout benchmark (``python -m benchmarks partial-rollout``) and its tests.
 
 How: a row carries its problem's budget (``extra_info.response_budget``) and the spread of its samples'
-budgets around it (``extra_info.budget_sigma``, 0 for one budget per problem). ``long_tail_agent_loop.
-BudgetedAgentLoop`` (registered by the YAML the asset build writes; the rows name it) is verl's
-single-turn agent loop with ``max_tokens`` set to the sample's budget (``SampleBudgets``) and
-``ignore_eos`` on, so every response is exactly its budget long; it returns the budget in the sample's
-``extras`` (an extra field verl gives every sample), which verl's ``naive`` reward manager merges into the
-reward's ``extra_info``, and the demo reward (``reward.py``) scores the response against it
-(``scored_budget``, ``score_repeat``). This module imports no verl (the reward loads it).
+budgets around it (``extra_info.budget_sigma``, 0 for one budget per problem). The rows name
+``long_tail_agent_loop.BudgetedAgentLoop``, which generates exactly the sample's budget and hands it to the
+reward (``scored_budget``, ``score_repeat``). This module imports no verl (the reward loads it).
 """
 
 from __future__ import annotations
@@ -49,11 +43,8 @@ AGENT_LOOP_NAME = "long_tail_repeat"
 
 @dataclass(frozen=True)
 class TailShape:
-    """Lognormal response budgets: ``median`` tokens, ``prompt_sigma`` across problems, ``sample_sigma`` within one.
-
-    Before either clip the two spreads add in quadrature: a sample's log-budget has standard deviation
-    sqrt(prompt_sigma**2 + sample_sigma**2), and p99 / median = exp(2.326 * that).
-    """
+    """Lognormal response budgets: ``median`` tokens, ``prompt_sigma`` across problems, ``sample_sigma`` within one
+    (before the clip, p99 / median = exp(2.326 * sqrt(prompt_sigma**2 + sample_sigma**2)))."""
 
     name: str  # the files' prefix: <name>_train.parquet, <name>_val.parquet
     median: int
@@ -90,10 +81,8 @@ def draws_per_sample(extra_info: dict) -> bool:
 
 class SampleBudgets:
     """The budgets of one process's samples: a training row's k-th sample here draws from a stream seeded by
-    (its problem's index, k), so a group's budgets are the same whatever order its samples arrive in.
-
-    Validation rows and rows without a spread keep their problem's budget.
-    """
+    (its problem's index, k), so a group's budgets are the same whatever order its samples arrive in; validation
+    rows and rows without a spread keep their problem's budget."""
 
     def __init__(self) -> None:
         self._draws: Counter[int] = Counter()
@@ -109,11 +98,8 @@ class SampleBudgets:
 
 
 def scored_budget(extra_info: dict) -> int:
-    """The budget a response is scored against: its sample's drawn budget, else its problem's.
-
-    A training row whose samples draw budgets but whose drawn budget did not arrive is refused: its score would
-    be against the wrong length.
-    """
+    """The budget a response is scored against: its sample's drawn budget, else its problem's (refused for a row
+    whose samples draw budgets: its score would be against the wrong length)."""
     drawn = (extra_info.get("extras") or {}).get(SAMPLE_BUDGET_KEY)
     if drawn is not None:
         return int(drawn)

@@ -17,11 +17,8 @@ _BUDGETS = SampleBudgets()
 
 
 class BudgetedAgentLoop(SingleTurnAgentLoop):
-    """``max_tokens`` = the sample's budget, ``ignore_eos`` on: the response is that long.
-
-    The budget goes back in the output's ``extras``: verl's reward manager merges a sample's extra fields into
-    the reward's ``extra_info``, so the reward scores a drawn budget, not its problem's.
-    """
+    """``max_tokens`` = the sample's budget, ``ignore_eos`` on: the response is that long. The budget goes back in
+    the output's ``extras``, which verl's reward manager merges into the reward's ``extra_info``."""
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
         budget = _BUDGETS.draw(kwargs["extra_info"])

@@ -3,13 +3,9 @@
 What: ``Qwen2ForCausalLM`` with hidden size 128, 2 layers, 4 query / 2 key-value heads (GQA, as in
 Qwen2.5), untied embeddings, fp32; 0.37M parameters over the demo tokenizer's 275 tokens.
 
-Why this size: one CPU core runs a forward+backward of 32 sequences x 40 tokens in about 50 ms,
-and the model still learns the sort task in a few hundred SFT steps. Qwen2 is the architecture the
-GPU recipe trains (Qwen2.5-3B), so verl takes the same code paths (FSDP wrap policy, Qwen chat
-boundary handling) on CPU as on GPU.
-
-How: ``save_model(init_model(tokenizer, seed), tokenizer, out_dir)``; load with
-``AutoModelForCausalLM.from_pretrained(out_dir)``.
+Why this size: one CPU core runs a forward+backward of 32 sequences x 40 tokens in about 50 ms, and the model
+still learns the sort task in a few hundred SFT steps. Qwen2 is the architecture the GPU recipe trains
+(Qwen2.5-3B), so verl takes the same code paths (FSDP wrap policy, Qwen chat boundary handling) on CPU as on GPU.
 """
 
 from pathlib import Path
@@ -50,11 +46,8 @@ def init_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> Qwen2ForCausalL
 
 
 def init_reward_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> Qwen2ForSequenceClassification:
-    """A reward model for the demo: the demo architecture with a one-label score head, randomly initialised.
-
-    A stand-in that shows a model-based reward through verl's reward loop: its score (the head's logit at the
-    last token) is a fixed function of the prompt and response, unrelated to the sort task.
-    """
+    """The demo architecture with a one-label score head, randomly initialised: a stand-in that shows a model-based
+    reward through verl's reward loop (its score is a fixed function of the text, unrelated to the task)."""
     config = model_config(tokenizer)
     config.num_labels = 1
     with torch.random.fork_rng(devices=[]):

@@ -5,14 +5,8 @@ the sort task's, exact or graded (``task.py``), the long-tail tasks' (``long_tai
 task's (``tool_task.py``). verl's reward managers decode the response with ``skip_special_tokens=True``,
 so a sort answer that never emits ``<|im_end|>`` carries the tokens sampled after it and scores 0.0.
 
-Why a file of its own: verl loads the function from a file path (``custom_reward_function.path``),
-so this module holds only the function and a helper that returns that path.
-
-How::
-
-    reward.custom_reward_function.path=$(python -c "from recipe.one_step_off_async.demo.reward \\
-        import reward_function_path; print(reward_function_path())")
-    reward.custom_reward_function.name=compute_score
+Why a file of its own: verl loads the function from a file path (``custom_reward_function.path``, which
+``reward_function_path`` returns; ``custom_reward_function.name=compute_score``).
 """
 
 from pathlib import Path

@@ -94,9 +94,7 @@ def plot(steps: dict[int, dict], path: Path) -> None:
     rewards.plot(train_steps, [steps[s]["critic/score/mean"] for s in train_steps], label="train reward (sampled)")
     validated = [(s, val_reward(steps[s])) for s in sorted(steps) if val_reward(steps[s]) is not None]
     rewards.plot([s for s, _ in validated], [v for _, v in validated], "o-", label="validation reward (greedy)")
-    rewards.set_xlabel("training step")
-    rewards.set_ylabel("reward")
-    rewards.set_title("Reward per step")
+    rewards.set(xlabel="training step", ylabel="reward", title="Reward per step")
     rewards.legend(loc="lower right")
     rewards.grid(alpha=0.3)
 
@@ -114,8 +112,9 @@ def plot(steps: dict[int, dict], path: Path) -> None:
             if label:
                 timeline.text((start + end) / 2 - origin, row, label, ha="center", va="center", fontsize=7)
     timeline.set_yticks([0, 1], ["actor pool\n(train, sync)", "rollout pool\n(generate)"])
-    timeline.set_xlabel("seconds")
-    timeline.set_title("Timeline: G = generation of batch k, T = training on batch k, red = weight sync")
+    timeline.set(
+        xlabel="seconds", title="Timeline: G = generation of batch k, T = training on batch k, red = weight sync"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

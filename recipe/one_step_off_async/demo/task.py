@@ -1,22 +1,19 @@
 """The demo task: sort five letters. Problem generation, verl's RL parquet format, answer checking.
 
-What: a prompt ``sort dbeca`` asks for the letters in alphabetical order, duplicates kept
-(``abcde``; ``sort abcab`` -> ``aabbc``). Letters come from ``a``-``j``, so about 70% of the
-problems contain a repeated letter. The rule-based reward (``reward.py``) and the offline accuracy
-check (``evaluate.py``) both score answers with ``score_answer`` below: all or nothing.
+What: a prompt ``sort dbeca`` asks for the letters in alphabetical order, duplicates kept (``abcde``;
+``sort abcab`` -> ``aabbc``). Letters come from ``a``-``j``, so about 70% of the problems contain a repeated
+letter. The reward and the offline accuracy check both score answers with ``score_answer``: all or nothing.
 
-The graded variant (``GRADED_DATA_SOURCE``, the ``one_step_off_ppo_cpu_graded`` profile) asks the same
-problems and gives partial credit, the share of positions holding the right letter
-(``score_positions``), so advantages within a group are not just the sign of a binary reward, as with
-graded rewards in practice (unit tests passed, rubric points); the off-policy correction is measured on both.
+The graded variant (``GRADED_DATA_SOURCE``, the ``one_step_off_ppo_cpu_graded`` profile) gives partial credit
+(``score_positions``), so advantages within a group are not just the sign of a binary reward, as with graded
+rewards in practice; the off-policy correction is measured on both.
 
 Why this task: prompts (18 tokens with the chat template) and answers (at most 6 tokens incl.
 eos) are short, so a 0.4M-parameter model trains in seconds on one CPU core, and repeated letters
 give the warm start a natural, systematic mistake for RL to fix (see ``warm_start.py``).
 
-How: ``write_splits(split_problems(seed), out_dir)`` writes ``train.parquet`` and ``val.parquet``,
-whose rows hold ``data_source``, ``prompt``, ``ability``, ``reward_model`` and ``extra_info`` as
-verl's ``RLHFDataset`` and reward managers expect.
+How: ``write_splits(split_problems(seed), out_dir)`` writes ``train.parquet`` and ``val.parquet`` in verl's
+RL format.
 """
 
 import random
@@ -113,10 +110,7 @@ def write_splits(
 
 
 def score_answer(response: str, ground_truth: str) -> float:
-    """1.0 if the response, up to surrounding whitespace, is exactly the sorted letters, else 0.0.
-
-    Any string is accepted: garbage, empty or overlong text scores 0.0.
-    """
+    """1.0 if the response, up to surrounding whitespace, is exactly the sorted letters, else 0.0 (garbage too)."""
     return 1.0 if response.strip() == ground_truth else 0.0
 
 

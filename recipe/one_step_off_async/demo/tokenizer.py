@@ -1,21 +1,14 @@
 """Byte-level ChatML tokenizer for the built-in demo task, built offline.
 
-What: a Qwen2 tokenizer (``tokenizers`` byte-level BPE behind transformers' ``Qwen2Tokenizer``,
-a ``PreTrainedTokenizerFast``) whose vocabulary is the 256 byte symbols, the merges that spell
-the three role names, and the special tokens ``<|endoftext|>`` (pad), ``<|im_start|>`` and
-``<|im_end|>`` (eos), with a Qwen-style chat template (``<|im_start|>role\\ncontent<|im_end|>\\n``).
-Text therefore encodes one token per byte (one per character for ASCII), except role names.
+What: a ``Qwen2Tokenizer`` (byte-level BPE) whose vocabulary is the 256 byte symbols, the merges that spell the
+three role names, and the special tokens, with a Qwen-style chat template. Text encodes one token per byte (one
+per character for ASCII), except role names.
 
-Why: the demo must run without any model hub. transformers 5 loads the tokenizer of every
-``model_type: qwen2`` directory as ``Qwen2Tokenizer``, which rebuilds a byte-level BPE from the
-saved vocabulary and merges, so the tokenizer has to be one to load back unchanged. A byte
-vocabulary keeps the model's embedding tiny and every string encodable. Role names are single
-tokens (as in any real BPE vocabulary), so the template around one user turn plus the generation
-prompt costs 8 tokens. ``"\\n"`` is a single token and ``<|im_end|>`` exists, which verl's Qwen
-continuous-token builder requires.
-
-How: ``build_tokenizer().save_pretrained(dir)``; load with ``AutoTokenizer.from_pretrained(dir)``
-or ``verl.utils.hf_tokenizer(dir)``.
+Why: the demo must run without any model hub. transformers 5 loads the tokenizer of every ``model_type: qwen2``
+directory as ``Qwen2Tokenizer``, which rebuilds a byte-level BPE from the saved vocabulary and merges, so the
+tokenizer has to be one to load back unchanged. A byte vocabulary keeps the embedding tiny and every string
+encodable. Role names are single tokens, so the template around one user turn plus the generation prompt costs
+8 tokens. ``"\\n"`` is a single token and ``<|im_end|>`` exists, which verl's Qwen continuous-token builder needs.
 """
 
 from transformers import PreTrainedTokenizerBase, Qwen2Tokenizer

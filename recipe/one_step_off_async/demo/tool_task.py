@@ -9,18 +9,15 @@ sorted. A conversation, in hermes' tool-call format (``rollout.multi_turn.format
     tool       abcde
     assistant  abcde
 
-The reward (``score_final_answer``) is the sort task's, on the final answer: verl's reward managers
-decode the whole multi-turn response (tool turns included, special tokens skipped), and the final answer
-follows the last ``assistant`` header.
+The reward (``score_final_answer``) is the sort task's, on the text after the last ``assistant`` header of the
+whole decoded multi-turn response.
 
 Why: multi-turn agentic rollouts are where uneven, long generations make asynchronous training pay
 most, and where each turn may run under different weights. This task puts verl's tool agent loop
 through the pipeline with a model that really calls a tool, within the tiny model's budget.
 
-How: ``warm_start_tool_use`` fine-tunes the warm-started sort model on a teacher's conversations: in
-``TOOL_USE_RATE`` of them it calls the tool and answers with the tool's result; otherwise it answers
-directly, with the sort task's flawed teacher (``warm_start.teacher_conversation``). Calling the tool earns
-reward 1, answering directly about 0.3: RL has a reason to call it.
+How: ``warm_start_tool_use`` fine-tunes the sort model on a teacher that calls the tool (reward 1) or answers
+directly with the sort task's flawed teacher (about 0.3), so RL has a reason to call it.
 """
 
 from __future__ import annotations

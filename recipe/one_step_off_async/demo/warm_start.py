@@ -1,23 +1,19 @@
 """Supervised warm start of the demo model on a flawed teacher, so that RL has something to fix.
 
-What: 200 AdamW steps (lr 1e-3, 64 demonstrations per step) of next-token loss on the answer
-tokens (incl. eos) of the train prompts. The teacher sorts correctly, except that in 70% of its
-demonstrations it drops repeated letters (``sorted(set(letters))``, a classic bug). The student
-learns both behaviours: on val problems with a repeated letter (about 70% of them) its greedy
-answer is usually the deduplicated, wrong one, while some of its samples at temperature 1 keep
-the repeats and earn reward 1. Measured for seeds 0, 1, 2: greedy val accuracy 0.30, 0.33, 0.29;
-sampled (temperature 1) 0.27, 0.27, 0.23. Every group of samples with mixed rewards pushes the
-same systematic behaviour, so a minimal GRPO loop (16 prompts x 4 samples at temperature 1, one
-on-policy AdamW update per step at lr 1e-4 or 2e-4, token-mean loss, grad-norm clip 1) lifted
-greedy val accuracy to 0.41-0.52 within 40 steps for all three seeds.
+What: ``SFT_STEPS`` AdamW steps of next-token loss on the answer tokens (incl. eos) of the train prompts. The
+teacher drops repeated letters (``sorted(set(letters))``, a classic bug) in 70% of its demonstrations. The student
+learns both behaviours: on val problems with a repeated letter (about 70% of them) its greedy answer is usually
+the deduplicated, wrong one, while some of its samples at temperature 1 keep the repeats and earn reward 1.
+Measured for seeds 0, 1, 2: greedy val accuracy 0.30, 0.33, 0.29; sampled (temperature 1) 0.27, 0.27, 0.23.
+Every group of samples with mixed rewards pushes the same systematic behaviour, so a minimal GRPO loop (16
+prompts x 4 samples at temperature 1, one on-policy AdamW update per step at lr 1e-4 or 2e-4, token-mean loss,
+grad-norm clip 1) lifted greedy val accuracy to 0.41-0.52 within 40 steps for all three seeds.
 
 Why not plain SFT stopped early: measured on this model and budget, an early-stopped student is in
 the middle of learning, with a high-entropy, fragile policy; its sampled accuracy is too low for
 groups of 4 samples to carry much signal, and the same GRPO loop moved its greedy accuracy
-erratically, or collapsed it at lr 3e-4 and above. A converged student of a flawed teacher is the RL-after-SFT situation in
-miniature: the errors are systematic, and the right behaviour is already in the policy's support.
-
-How: ``with reproducible_torch(): warm_start(model, tokenizer, problems, seed)``.
+erratically, or collapsed it at lr 3e-4 and above. A converged student of a flawed teacher is the RL-after-SFT
+situation in miniature: the errors are systematic, and the right behaviour is already in the policy's support.
 """
 
 import contextlib
@@ -43,11 +39,8 @@ IGNORE_INDEX = -100  # label value the HF causal-LM loss skips
 
 @contextlib.contextmanager
 def reproducible_torch() -> Iterator[None]:
-    """One intra-op thread and deterministic kernels, so a CPU build gives the same weights every time.
-
-    CPU kernels may split reductions differently for different thread counts, which changes the
-    floating-point result. Both settings are restored on exit.
-    """
+    """One intra-op thread (CPU kernels split reductions by thread count) and deterministic kernels, so a CPU
+    build gives the same weights every time; both settings are restored on exit."""
     num_threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
@@ -110,10 +103,8 @@ def supervised_fit(
     batch_size: int,
     learning_rate: float,
 ) -> None:
-    """``steps`` AdamW steps of ``model``'s loss on the assistant turns of ``conversation``s, in place.
-
-    Each step converses about ``batch_size`` of ``problems``, drawn with replacement.
-    """
+    """``steps`` AdamW steps of ``model``'s loss on the assistant turns of ``conversation``s about ``batch_size`` of
+    ``problems`` each (drawn with replacement), in place."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     model.train()

@@ -1,15 +1,16 @@
 """The agent loops' client to the rollout replicas in elastic mode: a lost replica costs a retry, not the run.
 
-``ElasticLLMServerClient`` (the trainer hands it to verl's ``AgentLoopManager`` in elastic mode) catches the error
-of a request whose replica's process died (or whose engine died under a live server), takes that replica out of
-the load balancer, reports it to the job's ``RolloutPoolController`` and sends the request again: the load balancer
-picks a survivor. Each output is stamped with the replica that produced it and the attempts lost with a replica,
-which the trainer counts per batch. Why a regenerated request keeps its weight version: the "Elastic rollout pool"
-section of docs/advance/one_step_off_async/deployment.md.
+``ElasticLLMServerClient`` catches the error of a request whose replica's process died (or whose engine died under
+a live server, or whose node Ray cannot reach and then declares dead), takes that replica out of the load balancer,
+reports it to the job's ``RolloutPoolController`` and sends the request again to a survivor. Each output is stamped
+with the replica that produced it and the attempts lost with a replica, which the trainer counts per batch. Why a
+regenerated request keeps its weight version: the "Elastic rollout pool" section of
+docs/advance/one_step_off_async/deployment.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from typing import Any
 
@@ -25,6 +26,7 @@ REGENERATED = "rollout_regenerated"
 # A request whose replica died this many times in a row is the likely killer (a prompt that OOMs the
 # engine): fail the run naming it rather than let it take the whole pool down.
 MAX_REPLICAS_LOST_PER_REQUEST = 3
+UNAVAILABLE_RETRY_S = 1.0  # between attempts at a replica Ray cannot reach
 
 # The replica the current request (an asyncio task) was routed to, and its server; set by _acquire_server.
 _routed_to: contextvars.ContextVar[str | None] = contextvars.ContextVar("routed_to", default=None)
@@ -70,8 +72,12 @@ class ElasticLLMServerClient(LLMServerClient):
             _routed_to.set(None)
             try:
                 output = await super().generate(request_id, **kwargs)
+            except ray.exceptions.ActorUnavailableError:
+                # Ray cannot reach the replica (its node is going, or a blip) and has not declared it dead: ask again,
+                # until it answers or Ray declares it dead (ActorDiedError, below). The generation timeout bounds it.
+                await asyncio.sleep(UNAVAILABLE_RETRY_S)
+                continue
             except (ray.exceptions.ActorDiedError, ray.exceptions.RayTaskError) as error:
-                # Not ActorUnavailableError: it may come back.
                 server_id = _routed_to.get()
                 if server_id is None:  # the load balancer itself is gone: nothing to fail over to
                     raise

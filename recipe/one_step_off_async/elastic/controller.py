@@ -1,10 +1,9 @@
 """The running job's rollout-pool mailbox: a named Ray actor between the trainer and the outside.
 
-In elastic mode the trainer starts one ``RolloutPoolController`` per job, named after ``trainer.experiment_name``
-in the Ray namespace ``one_step_off_async``. The scale command (``python -m recipe.one_step_off_async.scale``)
-queues requests and reads their outcome and the pool's status; the agent loops' ``ElasticLLMServerClient`` reports
-replicas whose process died; the trainer takes both at every step boundary (the only place where it changes the
-pool) and writes back outcomes and status. It holds no resources (``num_cpus=0``) and dies with the job.
+In elastic mode the trainer starts one ``RolloutPoolController`` per job, named after ``trainer.experiment_name``.
+The scale command (``python -m recipe.one_step_off_async.scale``) queues requests and reads their outcome and the
+pool's status; the agent loops' ``ElasticLLMServerClient`` reports replicas whose process died; the trainer takes
+both at every step boundary (the only place where it changes the pool) and writes back outcomes and status.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Elastic rollout pool (``async_training.elastic.enable=true``): replicas leave and join a running job.
 
-verl 0.9.1 has the pieces: its ``GlobalRequestLoadBalancer`` routes requests (``add_servers`` /
-``remove_servers``) and its ``CheckpointEngineManager`` syncs weights to the replicas it holds (``add_replicas`` /
-``remove_replicas``). ``ElasticRolloutPool`` is the trainer's bookkeeping over both, changed only at step
-boundaries on the trainer's thread (replicas start on background threads): a lost replica leaves the weight syncs
-(the agent loops' client, ``elastic/client.py``, took it out of the load balancer and regenerated its requests); a
-new one joins the next weight sync and the load balancer right after it, so it never serves stale or random
-weights; a leaving one leaves the load balancer at once and is shut down at the next sync. What users see, and why:
+verl 0.9.1 has the pieces: its load balancer routes requests (``add_servers`` / ``remove_servers``) and its
+``CheckpointEngineManager`` syncs the replicas it holds (``add_replicas`` / ``remove_replicas``). ``ElasticRolloutPool``
+is the trainer's bookkeeping over both, changed only at step boundaries: a lost replica leaves the syncs (the agent
+loops' client, ``elastic/client.py``, took it out of the load balancer); a new one joins the next sync and the load
+balancer right after it, so it never serves stale weights; a leaving one is shut down at the next sync. Its step
+hooks match ``trainer/hooks.py`` by name (checked by ``tests/test_elastic_pool_on_cpu.py``). Users' view:
 "Elastic rollout pool" in docs/advance/one_step_off_async/deployment.md.
-
-The pool has the trainer's step hooks (``trainer/hooks.py``: the trainer's layer is above this one, so the pool
-matches them by name and ``tests/test_elastic_pool_on_cpu.py`` checks it).
 """
 
 from __future__ import annotations
@@ -116,6 +112,14 @@ def _shut_down(replica: RolloutReplica) -> None:
         ray.util.remove_placement_group(group)
 
 
+def node_of(replica: RolloutReplica) -> str:
+    """The Ray node id(s) the replica's placement groups are on ("" before it is placed)."""
+    pool = replica.resource_pool
+    groups = (pool.pgs or []) if pool is not None else []
+    nodes = {node for group in groups for node in ray.util.placement_group_table(group)["bundles_to_node_id"].values()}
+    return ",".join(sorted(nodes))
+
+
 def _abandon_start(rank: int) -> None:
     """Free the placement group of a replica start given up on (its actors go with it), found by verl's group name
     in this job's namespace: the start may not have recorded its groups yet."""
@@ -163,6 +167,7 @@ class ElasticRolloutPool:
         self._sync_server_manager()
         self._rank_of: dict[str, int] = {address: r.replica_rank for address, r in self.live.items()}
         self._joined_at: dict[str, int] = {address: 0 for address in self.live}
+        self._node_of: dict[str, str] = {address: node_of(r) for address, r in self.live.items()}
         self._starting: list[_Start] = []
         self._joining: list[_Start] = []  # up, waiting for their first weight sync
         self._leaving: list[tuple[RolloutReplica, _Request]] = []
@@ -223,9 +228,10 @@ class ElasticRolloutPool:
             self.live[address] = start.replica
             self._rank_of[address] = start.rank
             self._joined_at[address] = step
+            self._node_of[address] = node_of(start.replica)
             self.joined += 1
             joined = f"replica {start.rank} joined at step {step} with v{step}"
-            print(f"[elastic] {joined} ({address}): it takes requests from now on")
+            print(f"[elastic] {joined} ({address}, node {self._node_of[address]}): it takes requests from now on")
             self._done(start.request, joined)
         self._sync_server_manager()
         self._joining = []
@@ -262,7 +268,12 @@ class ElasticRolloutPool:
         status = {
             "step": step,
             "live": [
-                {"rank": r.replica_rank, "address": a, "serving_since_step": self._joined_at[a]}
+                {
+                    "rank": r.replica_rank,
+                    "address": a,
+                    "node": self._node_of[a],
+                    "serving_since_step": self._joined_at[a],
+                }
                 for a, r in self.live.items()
             ],
             "starting": [s.rank for s in self._starting],

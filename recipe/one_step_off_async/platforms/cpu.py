@@ -4,9 +4,8 @@ verl 0.9.1 routes every device query through ``verl.plugin.platform.get_platform
 built-in platforms are CUDA, NPU and ROCm. Registering ``PlatformCPU`` under the name ``cpu``
 and selecting it with ``VERL_PLATFORM=cpu`` lets verl's own workers (FSDP2 engine, Ray worker
 groups, checkpoint engines) run unchanged on CPU. ``env_vars()`` is what every process of a CPU run
-needs (``verl_plugin.worker_env`` puts it in the driver's environment and Ray's runtime env when
-``trainer.device=cpu``); users never set it by hand. Importing this module registers the platform;
-the recipe's plugin applies the patches of ``verl_patches`` once it is selected.
+needs (``verl_plugin.worker_env`` sets it when ``trainer.device=cpu``). Importing this module registers the
+platform; the recipe's plugin applies the patches of ``verl_patches`` once it is selected.
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class PlatformCPU(PlatformBase):
     def _nothing(self, *_args, **_kwargs) -> None:
         """A device call with nothing to do on CPU."""
 
-    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = cudart = _nothing
 
     def is_available(self) -> bool:
         return True
@@ -125,9 +124,6 @@ class PlatformCPU(PlatformBase):
     def is_ipc_supported(self) -> bool:
         return False
 
-    def cudart(self) -> None:
-        return None
-
 
 VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -144,8 +140,7 @@ def env_vars() -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         # One intra-op thread per process: a CPU run already has one process per "GPU" slot.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        # vLLM's CPU build (rollout.name=vllm) turns the executor a replica asks for (`uni`, one_step_off_cpu.yaml)
-        # into a worker process of its own unless this is off (vllm/platforms/cpu.py), a third process per replica
-        # (~10 s of CPU to start). Its engine core keeps a process of its own either way (AsyncLLM).
+        # vLLM's CPU build turns the executor a replica asks for (`uni`, one_step_off_cpu.yaml) into a worker process
+        # of its own unless this is off: a third process per replica (~10 s of CPU to start).
         VLLM_MULTIPROCESSING_ENV: "0",
     }

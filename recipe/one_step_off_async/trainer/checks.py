@@ -1,14 +1,7 @@
 """What the trainer checks on every batch before training on it: pure functions of the batch and the config.
 
-Each raises a named error (``errors.py``) that says what is wrong with which sample and how to fix it:
-
-- ``check_rewards``: a NaN or infinite reward would corrupt every advantage of the batch;
-- ``check_correction_inputs``: verl skips the off-policy correction without a word when the rollout
-  returned no per-token log-probs;
-- ``measured_weight_version``: every sample of the batch was generated with the one weight version
-  the pipeline's contract gives it (``pipeline.expected_weight_version``); returns that version.
-- ``check_token_versions`` (partial rollout): every response token was sampled by a version within the
-  contract's bounds, and every token is stamped; returns the batch's token-weighted version metrics.
+Each raises a named error (``errors.py``) that says what is wrong with which sample and how to fix it. The
+weight versions are checked against the pipeline's contract (``pipeline.expected_weight_version``).
 """
 
 from __future__ import annotations
@@ -35,6 +28,7 @@ def check_rewards(step: int, batch: DataProto, scored_by: str) -> None:
 
 
 def check_correction_inputs(step: int, batch: DataProto, correction_configured: bool, rollout_name: str) -> None:
+    """Raise if the correction is configured but the rollout returned no per-token log-probs (verl skips it then)."""
     if correction_configured and "rollout_log_probs" not in batch.batch.keys():
         raise OffPolicyCorrectionError(
             f"algorithm.rollout_correction is configured but the {rollout_name!r} rollout returned no "
@@ -45,10 +39,8 @@ def check_correction_inputs(step: int, batch: DataProto, correction_configured: 
 
 
 def measured_weight_version(step: int, output: DataProto, expected: int, rollout_name: str, contract: str) -> int:
-    """The one weight version every sample of ``output`` was generated with; it must be ``expected``.
-
-    ``contract`` describes the settings that gave ``expected`` (for the error message).
-    """
+    """The one weight version every sample of ``output`` was generated with; it must be ``expected``, which the
+    settings ``contract`` describes gave."""
     first, last = (output.non_tensor_batch.get(key) for key in ("min_global_steps", "max_global_steps"))
     if first is None or last is None or any(v is None for v in (*first, *last)):
         raise WeightVersionError(
@@ -73,13 +65,13 @@ def measured_weight_version(step: int, output: DataProto, expected: int, rollout
 
 
 def check_token_versions(step: int, output: DataProto, lowest: int, highest: int, contract: str) -> dict[str, float]:
-    """Every response token of ``output`` (the batch for ``step``) was sampled by a version in [lowest, highest].
+    """Every response token of ``output`` (the batch for ``step``) was sampled by a version in [lowest, highest]
+    (the bounds the settings ``contract`` describes gave).
 
     The versions come from the partial-rollout client's runs ``[[version, n_tokens], ...]`` per sample, which
     must cover the sample's response exactly (a token without a stamp could come from any version). Returns
     the batch's version metrics: staleness ``(step - 1) - version`` weighted by tokens, the share of samples
     sampled by more than one version, the widest span, and the prefix tokens prefilled again by resumptions.
-    ``contract`` describes the settings that gave the bounds (for the error message).
     """
     runs = output.non_tensor_batch.get(VERSION_RUNS)
     if runs is None or any(sample_runs is None for sample_runs in runs):
@@ -89,7 +81,7 @@ def check_token_versions(step: int, output: DataProto, lowest: int, highest: int
         )
     lengths = output.batch["response_mask"].sum(-1).tolist()
     token_staleness: list[np.ndarray] = []
-    spans = []
+    spans: list[int] = []
     for sample, (sample_runs, length) in enumerate(zip(runs, lengths, strict=True)):
         stamped = sum(n_tokens for _, n_tokens in sample_runs)
         if stamped != length:

@@ -1,13 +1,10 @@
 """Which client the agent loops reach the rollout replicas through: verl's, or the recipe's, by mode.
 
 - default: verl's ``LLMServerClient``;
-- ``async_training.partial_rollout``: ``PartialRolloutClient`` (a request interrupted by a weight sync
-  continues from its tokens so far under the new weights);
-- ``async_training.elastic.enable``: ``ElasticLLMServerClient`` (a request whose replica died is sent to
-  a surviving one);
-- both: ``ElasticPartialRolloutClient``, partial outermost, so each segment of a request gets the elastic
-  retry: a replica lost mid-sample costs that segment only, resent from the prompt plus the tokens
-  already returned.
+- ``async_training.partial_rollout``: ``PartialRolloutClient`` (a request interrupted by a weight sync continues);
+- ``async_training.elastic.enable``: ``ElasticLLMServerClient`` (a request whose replica died is sent to another);
+- both: ``ElasticPartialRolloutClient``, partial outermost, so a replica lost mid-sample costs that segment
+  only, resent from the prompt plus the tokens already returned.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The console logger of a run: one line per step with what this recipe's users watch.
 
-verl's ``console`` backend (``LocalLogger``) prints every metric of a step on one line, over 1,000
-characters here, so the step time, its split between generation, training and weight sync, and the
-staleness are lost in it. ``CompactConsole`` takes its place in verl's ``Tracking`` (the trainer swaps
+verl's ``console`` backend prints every metric of a step on one line, over 1,000 characters here, so the step
+time, its split between generation, training and weight sync, and the staleness are lost in it. ``CompactConsole`` takes its place in verl's ``Tracking`` (the trainer swaps
 it in when ``async_training.console=compact``, the default) and prints at most ``MAX_LINE_CHARS``:
 
     step 12/60 | 0.48s: wait 0.10 train 0.35 sync 0.03 | gen 0.41s | staleness 1 | score 0.532 | val 0.610 | len 65
 
-Every metric still goes to the other configured loggers (file, wandb, ...);
-``async_training.console=verl`` brings verl's own console line back. ``finish_trackers`` ends the run's trackers,
-which verl's ``fit()`` never does.
+Every metric still goes to the other configured loggers (file, wandb, ...); ``async_training.console=verl``
+brings verl's own console line back.
 """
 
 from __future__ import annotations
@@ -83,9 +81,8 @@ def with_compact_console(tracking, total_steps: int):
 
 
 def finish_trackers(tracking, succeeded: bool) -> None:
-    """wandb & co. flush and mark the run finished (or failed): verl's ``fit()`` never finishes them, and the process
-    is killed before ``Tracking.__del__`` could. A tracker that cannot flush is logged, never raised: it must not
-    hide the run's own error."""
+    """wandb & co. flush and mark the run finished (or failed), which verl's ``fit()`` never does (and the process is
+    killed before ``Tracking.__del__`` could); a tracker that cannot is logged, never raised over the run's error."""
     exit_code = 0 if succeeded else 1
     try:
         tracking.finish(exit_code=exit_code)

@@ -1,17 +1,12 @@
 """Deadlines on the driver's waits: every wait fails with a named error instead of hanging.
 
-verl's ``fit()`` makes two calls that wait forever on a hung rollout replica: the first weight sync
-(``checkpoint_manager.update_weights`` before the training loop) and validation (``_validate`` calls
-``async_rollout_manager.generate_sequences`` on the driver thread). The trainer's weight-sync manager
-(``sync_manager.OneStepOffCheckpointManager``) bounds its syncs with ``call_with_deadline``, the rollout manager is
-wrapped once (``BoundedRolloutManager``), and the pipeline bounds its own waits with ``wait_for``: each fails after
-``async_training``'s timeouts with a message naming what was awaited.
-
-While it waits, each of them checks the rollout engines every second (``engine_health.EngineWatch``), so a dead
-engine fails the run at once, by name, instead of at the timeout.
-
-A call that times out keeps running on its daemon thread until the process exits (a Ray call
-cannot be cancelled from the caller); the run fails right away and Ray tears the workers down.
+verl's ``fit()`` waits forever on a hung rollout replica in its first weight sync and in validation. The
+trainer's weight-sync manager bounds its syncs with ``call_with_deadline``, the rollout manager is wrapped once
+(``BoundedRolloutManager``), the pipeline bounds its own waits with ``wait_for`` and so does the replicas'
+start-up (``replica_start.ReplicaStart``): each fails after
+``async_training``'s timeouts naming what was awaited, or at once when a rollout engine dies (checked every
+``CHECK_EVERY_S``). A call that times out keeps running on its daemon thread until the process exits (a Ray
+call cannot be cancelled from the caller); the run fails right away and Ray tears the workers down.
 """
 
 from __future__ import annotations
@@ -25,10 +20,7 @@ from typing import Any, TypeVar
 from recipe.one_step_off_async.errors import PipelineTimeoutError
 
 T = TypeVar("T")
-
-
-# How often a wait checks the rollout engines (``engine_health.EngineWatch``) while it waits.
-CHECK_EVERY_S = 1.0
+CHECK_EVERY_S = 1.0  # how often a wait checks the rollout engines (engine_health.EngineWatch)
 
 
 def wait_for(
@@ -37,10 +29,8 @@ def wait_for(
     describe: Callable[[], str],
     check: Callable[[], None] | None = None,
 ) -> Any:
-    """``future``'s result or exception, or ``PipelineTimeoutError(describe())`` after ``timeout_s``.
-
-    ``check()`` runs every ``CHECK_EVERY_S`` while waiting and may raise: a dead rollout engine ends the wait at once.
-    """
+    """``future``'s result or exception, or ``PipelineTimeoutError(describe())`` after ``timeout_s``; ``check()``
+    runs every ``CHECK_EVERY_S`` while waiting and may raise (a dead rollout engine ends the wait at once)."""
     deadline = time.monotonic() + timeout_s
     while True:
         remaining = deadline - time.monotonic()
@@ -53,10 +43,8 @@ def wait_for(
         check()
 
 
-def call_with_deadline(
-    fn: Callable[[], T], timeout_s: float, describe: Callable[[], str], check: Callable[[], None] | None = None
-) -> T:
-    """``fn()`` on a daemon thread; its result or exception, or ``PipelineTimeoutError(describe())``."""
+def in_background(fn: Callable[[], T], name: str = "deadline-call") -> concurrent.futures.Future:
+    """``fn()`` begun on a daemon thread (a call that hangs never holds the process at exit); its future."""
     future: concurrent.futures.Future = concurrent.futures.Future()
 
     def run() -> None:
@@ -65,8 +53,15 @@ def call_with_deadline(
         except BaseException as error:  # handed to the caller, not swallowed
             future.set_exception(error)
 
-    threading.Thread(target=run, name="deadline-call", daemon=True).start()
-    return wait_for(future, timeout_s, describe, check)
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def call_with_deadline(
+    fn: Callable[[], T], timeout_s: float, describe: Callable[[], str], check: Callable[[], None] | None = None
+) -> T:
+    """``fn()`` on a daemon thread; its result or exception, or ``PipelineTimeoutError(describe())``."""
+    return wait_for(in_background(fn), timeout_s, describe, check)
 
 
 class BoundedRolloutManager:
@@ -74,9 +69,7 @@ class BoundedRolloutManager:
     attribute is the wrapped manager's."""
 
     def __init__(self, manager: Any, timeout_s: float, check: Callable[[], None] | None = None) -> None:
-        self.manager = manager
-        self.timeout_s = timeout_s
-        self.check = check
+        self.manager, self.timeout_s, self.check = manager, timeout_s, check
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)

@@ -1,15 +1,10 @@
 """A dead rollout engine fails the wait on it within seconds, by name, instead of at the wait's timeout.
 
-vLLM runs its engine in a process of its own below verl's server actor. When that process dies (a worker error in
-a weight update, the OOM killer), the actor lives on and nothing answers: a weight sync waits for the rollout side
-until ``async_training.sync_timeout_s`` (verl's sender waits on an acknowledgement the dead worker never sends),
-and a generation until ``generation_timeout_s``. The trainer's waits call ``EngineWatch.check`` every second
-(``deadlines.wait_for``), which asks each replica's server whether its engine is alive, without waiting for the
-answer:
-
-- a fixed pool: a dead engine, or a dead server actor, raises ``RolloutEngineDiedError`` naming the replica;
-- an elastic pool: the server actor of a dead engine is killed, so the pool loses that replica the way it loses
-  any other (its requests are generated again on the others); a dead actor is the pool's to handle.
+vLLM's engine runs in a process below verl's server actor; when it dies, the actor lives on and nothing answers, so
+a sync or a generation would wait for its timeout. The trainer's waits call ``EngineWatch.check`` every second
+(``deadlines.wait_for``), which asks each server whether its engine is alive, without waiting for the answer: in a
+fixed pool a dead engine or server raises ``RolloutEngineDiedError`` naming the replica; in an elastic pool the
+server of a dead engine is killed, and the pool loses that replica as it loses any other.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Slot occupancy of the rollout engines, per training step.
 
-Each vLLM server's engine keeps its own scheduler statistics, the Prometheus counters vLLM holds in the server's
-process when ``rollout.disable_log_stats=false`` (the CPU profiles set it). They are read once per step
-(``vllm_engine_counters``, run in the server's actor): engine steps (``vllm:iteration_tokens_total``, one
-observation per engine step), tokens (``vllm:generation_tokens``: each running request samples one token per
-step, so they count the sequences sampling too) and prefill (``vllm:prompt_tokens`` less
-``vllm:prompt_tokens_cached``: the prompt tokens computed, a resumed request's prefix again). The differences give,
-over the step:
+Each vLLM server keeps Prometheus counters of its engine's scheduler when ``rollout.disable_log_stats=false``, read
+once per step in the server's actor (``vllm_engine_counters``): engine steps, tokens (one per running request per
+step) and prefill (a resumed request's prefix again). Their differences over the step give
+``rollout/slot_occupancy``, mean sequences sampling per engine step / ``max_num_seqs`` (how full the engines ran,
+whatever the hardware), and the sums behind it (``rollout/tokens``, ``slot_steps``, ``prefill_tokens``).
 
-- ``rollout/slot_occupancy``: mean sequences sampling per engine step / ``max_num_seqs``: how full the
-  engines ran, whatever the hardware (1.0: every slot busy every step);
-- ``rollout/tokens``, ``rollout/slot_steps`` and ``rollout/prefill_tokens``: the sums behind it, so a reader
-  can aggregate over many steps.
-
-A server that reports none of these (SGLang, vLLM with its stats off) is skipped: no metric rather than a made-up
-one; so is a server whose process died or that does not answer within ``READ_TIMEOUT_S`` (the read never holds
-up the trainer for longer).
+A server that reports none of these (SGLang, vLLM with its stats off), whose process died or that does not answer
+within ``READ_TIMEOUT_S`` is skipped: no metric rather than a made-up one, and no trainer held up.
 """
 
 from __future__ import annotations
@@ -36,10 +28,8 @@ VLLM_SAMPLES = {
 
 
 def vllm_engine_counters(server: Any, registry: Any = None) -> dict[str, float] | None:
-    """Run inside a vLLM server actor: its engine's cumulative counters (``VLLM_SAMPLES``) and ``max_num_seqs``, or
-    None when vLLM keeps no statistics there (``disable_log_stats``).
-
-    ``registry``: the Prometheus registry vLLM's stat logger writes to, by default the process's own."""
+    """Run inside a vLLM server actor: its engine's cumulative counters (``VLLM_SAMPLES``, from ``registry``, by
+    default the process's own) and ``max_num_seqs``, or None when vLLM keeps no statistics there."""
     from prometheus_client import REGISTRY
 
     samples: dict[str, float] = {}

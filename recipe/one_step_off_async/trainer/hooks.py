@@ -1,8 +1,8 @@
 """The named points of a training step at which the trainer calls its features, and the list that calls them all.
 
-A feature (the rollout pool, the weight-version contract, the rollout engines' statistics) is an object with these
-hooks. The trainer holds its features in one ``StepHookList`` and calls the list, never a feature by name, so a new
-feature registers itself in ``OneStepOffRayTrainer._features`` and changes nothing else in the trainer.
+A feature (the rollout pool, the weight-version contract, the engines' statistics) is an object with these hooks.
+The trainer calls one ``StepHookList``, never a feature by name, so a new feature registers itself in
+``OneStepOffRayTrainer._features`` and changes nothing else in the trainer.
 
 Per step, in order: ``batch_metrics`` once the step's generated batch is in (a hook may raise to refuse the batch);
 ``poll`` after the actor trained; ``before_sync`` and ``after_sync`` around the weight sync of a step that syncs;
@@ -45,33 +45,28 @@ class StepHooks:
         pass
 
 
+def _on_every_feature(hook: str, merge: bool = False):
+    """The ``hook`` of ``StepHookList``: calls it on every feature in order; ``merge``: merges what they return."""
+
+    def call(self, *args):
+        results = [getattr(feature, hook)(*args) for feature in self.features]
+        return {key: value for result in results for key, value in result.items()} if merge else None
+
+    return call
+
+
 class StepHookList(StepHooks):
     """Calls each hook on every feature, in registration order; metrics are merged."""
 
     def __init__(self, features: Iterable[StepHooks]) -> None:
         self.features = list(features)
 
-    def batch_metrics(self, step: int, output: DataProto) -> dict[str, float]:
-        return {key: value for feature in self.features for key, value in feature.batch_metrics(step, output).items()}
-
-    def poll(self, step: int) -> None:
-        for feature in self.features:
-            feature.poll(step)
-
-    def before_sync(self, step: int) -> None:
-        for feature in self.features:
-            feature.before_sync(step)
-
-    def after_sync(self, step: int) -> None:
-        for feature in self.features:
-            feature.after_sync(step)
-
-    def metrics(self) -> dict[str, float]:
-        return {key: value for feature in self.features for key, value in feature.metrics().items()}
-
-    def publish(self, step: int) -> None:
-        for feature in self.features:
-            feature.publish(step)
+    batch_metrics = _on_every_feature("batch_metrics", merge=True)
+    metrics = _on_every_feature("metrics", merge=True)
+    poll = _on_every_feature("poll")
+    before_sync = _on_every_feature("before_sync")
+    after_sync = _on_every_feature("after_sync")
+    publish = _on_every_feature("publish")
 
     def explain_failure(self, step: int) -> Exception | None:
         return next((cause for feature in self.features if (cause := feature.explain_failure(step))), None)

@@ -1,17 +1,23 @@
-"""The rollout replicas' start-up, begun while the training workers start and load the model.
+"""The rollout replicas' start-up, begun while the training workers start and load the model, and bounded.
 
-verl starts the rollout after the actor so that vLLM sees the memory the actor left on a GPU they share. Here the
-pools are disjoint (but for ``async_training.one_gpu``), so the replicas' start-up (vLLM: loading the weights,
-capturing CUDA graphs) overlaps the actor's instead of following it. The trainer begins it in
-``_init_worker_groups`` and takes the started replicas in ``_init_async_rollout_manager``.
+verl starts the rollout after the actor so that vLLM sees the memory the actor left on a shared GPU. Here the pools
+are disjoint (but for ``async_training.one_gpu``), so the replicas' start-up overlaps the actor's: the trainer begins
+it in ``_init_worker_groups`` and takes the replicas in ``_init_async_rollout_manager``. verl waits on a replica's
+placement without a timeout; ``servers`` waits at most ``async_training.start_timeout_s`` from the start-up's
+beginning, then fails naming the rollout pool and what Ray reports free.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 
+import ray
 from omegaconf import DictConfig
+
+from recipe.one_step_off_async.trainer.deadlines import in_background, wait_for
 
 _log = logging.getLogger(__name__)
 
@@ -23,27 +29,51 @@ def _report_failed_start(start: Future) -> None:
 
 
 class ReplicaStart:
-    """Starts verl's standalone replicas (``LLMServerManager.create``) in the background, or on demand."""
+    """Starts verl's standalone replicas (``LLMServerManager.create``) in the background, or on demand; waits for
+    them at most ``timeout_s``. ``free_resources`` is what Ray has free (``ray.available_resources``)."""
 
-    def __init__(self, config: DictConfig, overlap: bool) -> None:
-        self.config, self.overlap = config, overlap
+    def __init__(
+        self,
+        config: DictConfig,
+        overlap: bool,
+        timeout_s: float,
+        free_resources: Callable[[], dict[str, float]] = ray.available_resources,
+    ) -> None:
+        self.config, self.overlap, self.timeout_s, self.free_resources = config, overlap, timeout_s, free_resources
         self._start: Future | None = None
+        self._began = 0.0
 
     def begin(self) -> None:
         """Start the replicas on a thread of their own (when the pools are disjoint)."""
-        if not self.overlap:
-            return
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-start")
-        # Standalone replicas on their own pool: LLMServerManager gets no worker group.
-        self._start = executor.submit(self._create)
-        self._start.add_done_callback(_report_failed_start)
-        executor.shutdown(wait=False)  # its thread ends with the start; the future keeps the outcome
+        if self.overlap:
+            self._start = self._begin()
+            self._start.add_done_callback(_report_failed_start)
 
     def servers(self):
-        """The replicas begun with the actor (or their start-up's error), else started now."""
-        return self._start.result() if self._start is not None else self._create()
+        """The replicas begun with the actor (or their start-up's error), else started now; ``PipelineTimeoutError``
+        when they are not up within ``timeout_s`` of the start-up's beginning."""
+        start = self._start if self._start is not None else self._begin()
+        return wait_for(start, max(0.0, self._began + self.timeout_s - time.monotonic()), self._timed_out)
+
+    def _begin(self) -> Future:
+        self._began = time.monotonic()
+        return in_background(self._create, name="rollout-start")
 
     def _create(self):
         from verl.workers.rollout.llm_server import LLMServerManager
 
+        # Standalone replicas on their own pool: LLMServerManager gets no worker group.
         return LLMServerManager.create(config=self.config)
+
+    def _timed_out(self) -> str:
+        rollout, device = self.config.actor_rollout_ref.rollout, self.config.trainer.device
+        free = self.free_resources()
+        shown = ", ".join(f"{free[name]:g} {name}" for name in ("GPU", "NPU", "CPU") if name in free)
+        return (
+            f"The rollout replicas did not start within {self.timeout_s:g} s (async_training.start_timeout_s). The "
+            f"rollout pool, actor_rollout_ref.rollout.nnodes x n_gpus_per_node = {rollout.nnodes} x "
+            f"{rollout.n_gpus_per_node} {device} devices, is not placed yet or its engines are still loading; Ray "
+            f"reports free: {shown or 'none of GPU, NPU, CPU'}. A replica waits until Ray can place all its devices: "
+            "free them (another job holds them, or the pools need more than the cluster has), make the rollout pool "
+            "smaller, or raise async_training.start_timeout_s for engines that take longer to load."
+        )

@@ -1,9 +1,9 @@
 """Find and verify the checkpoint a run resumes from, before any weight is loaded.
 
-verl 0.9.1 resolves the resume folder leniently: a tracker file pointing at a missing folder
-means "train from scratch", and a truncated shard surfaces as a zip-reader error from inside a
-worker that names no file. A resumed run that silently starts over, or fails without saying
-which file is broken, costs a cluster allocation; these checks make both a clear error up front.
+verl 0.9.1 resolves the resume folder leniently: a tracker file pointing at a missing folder means "train from
+scratch", a truncated shard is a zip-reader error inside a worker that names no file, and a rank's missing shard (a
+node that saved to a folder the others do not share) a missing-file error inside that rank's worker. Each costs a
+cluster allocation; these checks make each a clear error up front.
 """
 
 from __future__ import annotations
@@ -77,6 +77,16 @@ def verify_checkpoint(folder: Path, model_path: str, actor_world_size: int) -> N
             f"Checkpoint {actor} was written by {sorted(saved_world_sizes)} actor ranks but this run has "
             f"{actor_world_size} (trainer.nnodes x trainer.n_gpus_per_node); resume with the same actor layout."
         )
+    for rank in range(actor_world_size):
+        for kind in ("model", "optim", "extra_state"):
+            name = f"{kind}_world_size_{actor_world_size}_rank_{rank}.pt"
+            if not (actor / name).exists():
+                raise CheckpointError(
+                    f"Checkpoint {actor} lacks actor rank {rank}'s shard {name}: every rank 0..{actor_world_size - 1} "
+                    "writes its model, optim and extra_state files, and a node whose folder the others do not share "
+                    "keeps its ranks' to itself. Copy the file from the node that wrote it (save to a folder every "
+                    "node shares), or resume from an earlier global_step_<N> (trainer.resume_mode=resume_path)."
+                )
 
     for path in [folder / "data.pt", *(path for _, path in shards)]:
         if not zipfile.is_zipfile(path):  # torch.save writes a zip; truncation loses its central directory

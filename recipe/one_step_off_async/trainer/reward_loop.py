@@ -1,16 +1,13 @@
 """verl's reward loop with a reward model on a pool of its own, for every rollout backend the recipe runs.
 
 What: ``OneStepOffRewardLoopManager``, verl's ``RewardLoopManager`` whose workers are
-``OneStepOffRewardLoopWorker``: verl's ``RewardLoopWorker`` with one method changed,
-``compute_score_disrm`` (``verl/experimental/reward_loop/reward_loop.py``, verl 0.9.1).
+``OneStepOffRewardLoopWorker``: verl's ``RewardLoopWorker`` with ``compute_score_disrm`` changed (verl 0.9.1).
 
 Why: verl's method names ``reward.reward_model.model_path`` in vLLM's ``/classify`` request, which a replica
-serving a local copy of that path answers with 404. And it returns no ``reward_extra_info``, which verl's agent loop reads when it
-scores each sample as it is generated (a reward model on its own pool): ``KeyError`` at the first sample,
-with vLLM as with any engine (verl issue #7368); here it returns an empty one.
-
-How: verl's manager builds its workers from ``reward_loop_workers_class``; the subclass sets it before
-they are created. ``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl changes either behaviour.
+serving a local copy of that path answers with 404. And it returns no ``reward_extra_info``, which verl's agent
+loop reads when a reward model on its own pool scores each sample as it is generated: ``KeyError`` at the first
+sample, with any engine (verl issue #7368); here it returns an empty one.
+``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl changes either behaviour.
 """
 
 from __future__ import annotations
@@ -26,10 +23,9 @@ class OneStepOffRewardLoopWorker(RewardLoopWorker):
     async def compute_score_disrm(self, data) -> dict:
         """verl's scoring with vLLM's ``/classify`` request naming no model, with a ``reward_extra_info``.
 
-        verl names ``reward.reward_model.model_path``, but a replica serves the model under the path it loaded it
-        from (a local copy of an ``hdfs://`` path, say), and vLLM answers 404 "The model ... does not exist" to any
-        other name. Each replica serves one model, which vLLM takes when the request names none.
-        """
+        A replica serves its one model under the path it loaded it from (a local copy of an ``hdfs://`` path, say),
+        and vLLM answers 404 "The model ... does not exist" to any other name, but takes it when the request names
+        none."""
         if self.config.reward.reward_model.rollout.name != VLLM:
             result = await super().compute_score_disrm(data)
         else:

@@ -2,17 +2,15 @@
 
 ``SyncSchedule`` says which steps push weights: every ``sync_interval`` steps once the actor trains, and every
 step that validates or saves a checkpoint (validation at step k evaluates v_k; a checkpoint at step k leaves the
-rollout at v_k, so a run resumed from it continues with the versions of the uninterrupted run). Its validation
-and checkpoint conditions are verl's (``_fit_validate`` and ``_fit_save_checkpoint`` of
-``verl/experimental/separation/ray_trainer.py``, verl 0.9.1, less the ESI-expiry save, which cannot be
-predicted); ``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl's change.
+rollout at v_k, so a run resumed from it continues with the versions of the uninterrupted run). Its conditions
+are verl's (``_fit_validate``, ``_fit_save_checkpoint``, less the unpredictable ESI-expiry save);
+``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl's change.
 
 During the critic's warm-up (``trainer.critic_warmup`` = W) the actor does not update before step W, so its
 weights are still v_0's: as verl's ``_fit_update_weights`` does, steps before W push nothing (but a validation
 or checkpoint step, for the reasons above), and the batches launched then carry the last version synced.
 
-``VersionContract`` is the trainer feature that checks every generated batch against the schedule (the contract
-of ``pipeline.expected_weight_version``) and reports the versions it measured.
+``VersionContract`` checks every generated batch against the schedule and reports the versions it measured.
 """
 
 from __future__ import annotations
@@ -50,11 +48,8 @@ class SyncSchedule:
 
 
 class VersionContract(StepHooks):
-    """Checks each batch's weight versions against the contract; reports them.
-
-    ``async/staleness`` is v_{k-1} minus the oldest version that sampled a token of the batch (the bound the
-    contract gives); ``async/staleness_{min,mean,max}`` weigh every response token by its version.
-    """
+    """Checks each batch's weight versions against the contract; reports them: ``async/staleness`` is v_{k-1} minus
+    the oldest version that sampled a token of the batch, ``async/staleness_{min,mean,max}`` weigh every token."""
 
     def __init__(
         self,
@@ -77,6 +72,7 @@ class VersionContract(StepHooks):
         else:
             version = measured_weight_version(step, output, oldest, self.rollout_name, self.contract)
             metrics = {f"async/staleness_{stat}": float(step - 1 - version) for stat in ("min", "mean", "max")}
-            metrics |= {"async/partial_ratio": 0.0, "async/version_span_max": 0.0}
-            metrics["async/recomputed_prefill_tokens"] = 0.0
+            metrics |= dict.fromkeys(
+                ("async/partial_ratio", "async/version_span_max", "async/recomputed_prefill_tokens"), 0.0
+            )
         return metrics | {"async/staleness": step - 1 - version, "async/weight_version": version}

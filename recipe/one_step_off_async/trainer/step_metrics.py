@@ -1,16 +1,10 @@
 """What a step reports about its own time: its timeline, its split between the pools, and the devices it used.
 
-``StepTimeline`` records wall-clock marks of each step (``timeline/*``, seconds since the trainer started): when the
-step began, when its batch was generated and training could start, when training ended and the weight sync ran.
-``overlap_metrics`` turns verl's timing of the step into the split users watch (``timing_s/train``) and
-``async/overlap_efficiency``.
-
-``JobResourcePoolManager`` is verl's resource pool manager that answers ``get_n_gpus()`` with every device of the
-job. verl's pools hold the training workers only (the rollout replicas and the reward model take pools of their own),
-and verl divides ``perf/throughput`` by ``get_n_gpus()``, its only use in the separation trainer
-(``_fit_collect_metrics``, ``verl/experimental/separation/ray_trainer.py``, verl 0.9.1;
-``tests/test_platforms_verl_compat_on_cpu.py`` notices a new reader). So verl computes throughput once, per device
-of the job.
+``StepTimeline`` records wall-clock marks of each step (``timeline/*``, seconds since the trainer started);
+``overlap_metrics`` turns verl's timing into ``timing_s/train`` and ``async/overlap_efficiency``.
+``JobResourcePoolManager`` answers verl's ``get_n_gpus()`` with every device of the job, not only the training
+pool's: verl divides ``perf/throughput`` by it, its only use in the separation trainer (verl 0.9.1;
+``tests/test_platforms_verl_compat_on_cpu.py`` notices a new reader).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from pprint import pprint
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.errors import ConfigError
+from recipe.one_step_off_async.cluster import node_local_problem
+from recipe.one_step_off_async.errors import ConfigError, WorkerLostError
 
 
 @ray.remote(num_cpus=1)
@@ -36,6 +37,8 @@ class OneStepOffTaskRunner:
         from recipe.one_step_off_async.trainer.workers import OneStepOffActorRolloutRefWorker
 
         print(f"OneStepOffTaskRunner pid {os.getpid()}")
+        if problem := node_local_problem(config, {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}):
+            raise ConfigError(problem)
         pprint(OmegaConf.to_container(config, resolve=True))
         role_worker_mapping = {Role.ActorRollout: ray.remote(OneStepOffActorRolloutRefWorker)}
         if need_critic(config):
@@ -74,5 +77,19 @@ class OneStepOffTaskRunner:
             train_sampler=create_rl_sampler(config.data, datasets["train"]),
             device_name=config.trainer.device,
         )
-        trainer.init_workers()
-        trainer.fit()
+        try:
+            trainer.init_workers()
+            trainer.fit()
+        except ray.exceptions.RayActorError as error:  # not a replica's: the elastic pool and engine checks take those
+            raise WorkerLostError(lost_worker(error)) from error
+
+
+def lost_worker(error: ray.exceptions.RayActorError) -> str:
+    """Which worker is gone and on which node (Ray's error names neither until it declares the node dead)."""
+    actor = ray._private.state.actors(error.actor_id) if error.actor_id else {}
+    where = actor.get("Address") or {}
+    return (
+        f"{actor.get('ActorClassName', 'A worker').rsplit('.', 1)[-1]} (actor {error.actor_id}) on node "
+        f"{where.get('NodeID')} ({where.get('IPAddress')}) is gone: {str(error).splitlines()[0]} The run cannot go on "
+        "without it; if its node was lost, resume on the nodes left (trainer.resume_mode=auto)."
+    )

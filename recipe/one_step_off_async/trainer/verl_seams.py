@@ -105,7 +105,9 @@ class DisjointPoolsTrainer(SeparateRayPPOTrainer):
         self.reward_loop_manager = OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None)
 
     def _init_worker_groups(self) -> None:
-        self.replica_start = ReplicaStart(self.config, overlap=not self.async_config.one_gpu)
+        self.replica_start = ReplicaStart(
+            self.config, overlap=not self.async_config.one_gpu, timeout_s=self.async_config.start_timeout_s
+        )
         self.replica_start.begin()  # on disjoint pools the replicas start while the actor's workers do (replica_start.py)
         super()._init_worker_groups()
 

@@ -1,10 +1,8 @@
 """The recipe's actor worker: verl's ``ActorRolloutRefWorker``, its loss given each sample's score.
 
-verl's policy-loss functions receive advantages, not the samples' scores, while ``topr`` splits samples by
-their score (the TOPR paper, ROLL). After verl builds the actor's loss (``init_model``: ``ppo_loss`` with
-the actor config bound, handed to the actor with ``set_loss_fn``), this worker wraps it in
-``losses.with_sample_scores``, so the policy loss of each micro-batch can read the scores of its samples.
-Nothing else changes; ``tests/test_losses_on_cpu.py`` fails if verl stops building the loss that way.
+``topr`` splits samples by their score, which verl's policy-loss functions do not receive: after verl builds the
+actor's loss in ``init_model``, this worker wraps it in ``losses.with_sample_scores``. Nothing else changes;
+``tests/test_losses_on_cpu.py`` fails if verl stops building the loss that way.
 """
 
 from __future__ import annotations

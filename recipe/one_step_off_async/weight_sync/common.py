@@ -23,10 +23,8 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]]
 
-SOURCE_RANK = 0
-"""Actor rank 0's rank in a sync: the only worker that sends (or writes) the weights."""
-DRAIN_RANK = -1
-"""The rank of every other actor worker: it walks the weight generator and sends nothing."""
+SOURCE_RANK = 0  # actor rank 0's rank in a sync: the only worker that sends (or writes) the weights
+DRAIN_RANK = -1  # every other actor worker's: it walks the weight generator and sends nothing
 
 
 def engine_kwarg_key(backend: str, name: str) -> str:
@@ -103,28 +101,25 @@ class SingleSourceEngine(CheckpointEngine):
                 f"{cls.backend} engine on actor rank 0 must be built with is_master=True"
             )
         world_size = 1 + rollout_world_size
-        actor_kwargs = {
-            "rank": [SOURCE_RANK] + [DRAIN_RANK] * (actor_wg_world_size - 1),
-            "world_size": [world_size] * actor_wg_world_size,
-            cls.meeting_point: [meeting] * actor_wg_world_size,
-        }
-        rollout_kwargs = {
-            "rank": list(range(1, world_size)),
-            "world_size": [world_size] * rollout_world_size,
-            cls.meeting_point: [meeting] * rollout_world_size,
-        }
-        return actor_kwargs, rollout_kwargs
+
+        def seats(ranks: list[int]) -> dict[str, list]:
+            return {"rank": ranks, "world_size": [world_size] * len(ranks), cls.meeting_point: [meeting] * len(ranks)}
+
+        return seats([SOURCE_RANK] + [DRAIN_RANK] * (actor_wg_world_size - 1)), seats(list(range(1, world_size)))
 
     def receive_metrics(self) -> dict[str, float]:
         """A rollout worker's split of its last sync (``{}`` before one completed, and on actor ranks), which the
         trainer's checkpoint manager collects (verl drops what ``receive_weights`` returns)."""
         return dict(self._received)
 
+    def _rank_in_sync(self, method: str) -> int:
+        if self._rank is None:
+            raise RuntimeError(f"{method} before init_process_group: this {self.backend} engine is in no sync")
+        return self._rank
+
     def _sending_rank(self) -> int:
         """``SOURCE_RANK`` or ``DRAIN_RANK``, the ranks that call ``send_weights``."""
-        if self._rank is None:
-            raise RuntimeError(f"send_weights before init_process_group: this {self.backend} engine is in no sync")
-        if self._rank > SOURCE_RANK:
+        if self._rank_in_sync("send_weights") > SOURCE_RANK:
             raise RuntimeError(
                 f"send_weights on rank {self._rank}: rollout workers receive weights, actor rank 0 sends"
             )
@@ -132,8 +127,6 @@ class SingleSourceEngine(CheckpointEngine):
 
     def _receiving_rank(self) -> int:
         """A rollout worker's rank (>= 1), the ranks that call ``receive_weights``."""
-        if self._rank is None:
-            raise RuntimeError(f"receive_weights before init_process_group: this {self.backend} engine is in no sync")
-        if self._rank <= SOURCE_RANK:
+        if self._rank_in_sync("receive_weights") <= SOURCE_RANK:
             raise RuntimeError(f"receive_weights on actor rank {self._rank}: only rollout workers (ranks >= 1) receive")
         return self._rank

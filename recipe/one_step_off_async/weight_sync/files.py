@@ -8,29 +8,14 @@ server adapter): no replica restart. The recipe's verl plugin registers it by na
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.dir=/shared/fs/run42/weights  # optional
-    +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.timeout_s=300                  # optional
 
-``dir`` defaults to a fresh folder per run under ``/dev/shm`` (RAM; the system temp dir where there is no
-``/dev/shm``), which both pools see only when they share a node; across nodes point it at a filesystem
-every node mounts, one run per folder. A default folder is removed when actor rank 0's engine is closed or
-collected or its process exits; Ray ends a run by killing its workers, though, so the next writer on the
-node removes it (a writer holds a lock on its folder while it lives). A given folder is left in place.
-
-How a sync runs (verl's ``CheckpointEngineManager`` calls prepare, build_topology, init_process_group,
-send_weights | receive_weights, finalize; the topology is ``SingleSourceEngine``'s, ``weight_sync.common``):
-
-- ``prepare()`` on actor rank 0 names the sync with a fresh id; every worker gets the folder and the id.
-- Actor rank 0 first removes the versions in the folder (the last one was loaded by every receiver: its sync
-  returned) and what a killed writer left, then writes ``v<global_steps>-<sync id>/shard-<i>.safetensors``:
-  shards of at most ``update_weights_bucket_megabytes`` (a larger tensor gets one of its own), each written by
-  ``safetensors.torch.save_file`` in a thread while the next is gathered. All of it goes into a ``.tmp`` folder
-  renamed into place at the end, so no receiver ever sees a half-written version. A write error (``ENOSPC``:
-  full disk) removes the partial folder, still walks the rest of the generator (the other actor ranks are in
-  the same all-gathers) and raises ``WeightSyncError`` naming the folder and the fix.
-- A rollout worker waits up to ``timeout_s`` for its sync's version folder, whose name carries the version and
-  the sync id: a version of another run or of an earlier sync (a resumed run, a re-sent version) is never loaded.
-  It reads as many shard files as the writer counted in the folder (``shards``), or fails naming the folder.
-  It yields the tensors in the order the actor sent them, under the contract of ``ReceivedWeights``.
+How (the contract, and ``timeout_s``: docs/advance/one_step_off_async/weight_sync.md): ``prepare()`` on actor rank 0 names each
+sync with a fresh id. Actor rank 0 removes the versions in the folder (the last one was loaded by every
+receiver: its sync returned), then writes ``v<global_steps>-<sync id>/shard-<i>.safetensors`` into a ``.tmp``
+folder renamed into place at the end, so no receiver ever sees a half-written version. A rollout worker waits
+up to ``timeout_s`` for its sync's folder (a version of another run or an earlier sync is never loaded) and
+reads as many shards as the writer counted. ``dir`` defaults to a fresh folder per run under ``/dev/shm``,
+removed by the next writer on the node once its writer is gone (Ray kills workers, so no exit handler runs).
 
 ``python -m benchmarks checkpoint-engine`` measures its throughput against the gloo engine's.
 """
@@ -74,13 +59,9 @@ logger = logging.getLogger(__name__)
 DIR_KEY = engine_kwarg_key("checkpoint", "dir")
 TIMEOUT_KEY = engine_kwarg_key("checkpoint", "timeout_s")
 DEFAULT_PREFIX = "verl-weights-"
-LOCK = ".lock"
-"""In a default folder: locked by its writer while it lives, so a later writer can tell an abandoned folder."""
-
-_WRITTEN = re.compile(r"v\d+-[0-9a-f]+(\.tmp)?")
-"""A version folder, or one a writer did not finish."""
-SHARD_COUNT = "shards"
-"""In a version folder: how many shard files the writer wrote, so a reader can tell it read them all."""
+LOCK = ".lock"  # in a default folder: locked by its writer while it lives, so a later writer can tell it abandoned
+_WRITTEN = re.compile(r"v\d+-[0-9a-f]+(\.tmp)?")  # a version folder, or one a writer did not finish
+SHARD_COUNT = "shards"  # in a version folder: how many shard files the writer wrote, so a reader can tell
 
 
 @dataclass(frozen=True)
@@ -88,8 +69,7 @@ class WeightsLocation:
     """Where one sync's version goes: what actor rank 0's ``prepare()`` tells every worker."""
 
     dir: str
-    sync_id: str
-    """Fresh per ``prepare()``: a receiver loads only the version written in this sync."""
+    sync_id: str  # fresh per prepare(): a receiver loads only the version written in this sync
 
     def version_folder(self, version: int) -> Path:
         return Path(self.dir) / f"v{version}-{self.sync_id}"
@@ -99,10 +79,7 @@ class WeightsLocation:
 class FileCheckpointEngine(SingleSourceEngine):
     """Hand actor weights to rollout workers through safetensors files in a folder both can see.
 
-    Args:
-        bucket_size: Bytes per shard file (verl passes ``update_weights_bucket_megabytes << 20``); a
-            tensor larger than that gets a file of its own.
-        is_master: True on actor rank 0, the writer.
+    Args (besides ``SingleSourceEngine``'s; a bucket is a shard file, a larger tensor gets one of its own):
         dir: The folder (on a filesystem every node mounts when the pools span nodes). Default: a fresh
             folder per run under /dev/shm, else under the system temp dir.
         timeout_s: How long a rollout worker waits for the version of a sync to appear.
@@ -153,10 +130,8 @@ class FileCheckpointEngine(SingleSourceEngine):
 
     @torch.no_grad()
     async def send_weights(self, weights: NamedTensors, global_steps: int | None = None) -> dict[str, float]:
-        """Write ``weights`` as version ``global_steps`` (actor rank 0); drain them (other actor ranks).
-
-        Returns the sync's metrics on actor rank 0, ``{}`` on the other actor ranks.
-        """
+        """Write ``weights`` as version ``global_steps`` and return the sync's metrics (actor rank 0); drain them and
+        return ``{}`` (other actor ranks)."""
         if self._sending_rank() != SOURCE_RANK:
             await drain(weights)
             return {}
@@ -198,10 +173,7 @@ class FileCheckpointEngine(SingleSourceEngine):
         }
 
     def receive_weights(self, global_steps: int | None = None) -> ReceivedWeights:
-        """The weights actor rank 0 writes as version ``global_steps`` in this sync (rollout workers).
-
-        Each yielded tensor is valid only until the consumer asks for the next item (``ReceivedWeights``).
-        """
+        """The weights actor rank 0 writes as version ``global_steps`` in this sync (rollout workers)."""
         rank = self._receiving_rank()
         version = _require_version(global_steps, "receive_weights")
         location = self._location
@@ -254,8 +226,7 @@ class _ShardWriter:
 
     def __init__(self, folder: Path, bucket_size: int) -> None:
         self.folder, self.bucket_size = folder, bucket_size
-        self.files = 0
-        self.payload_bytes = 0
+        self.files, self.payload_bytes = 0, 0
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_bytes = 0
         self._writing: asyncio.Future | None = None
@@ -305,11 +276,8 @@ def _remove_written(root: Path) -> int:
 
 
 def _make_default_dir() -> tuple[str, int]:
-    """A fresh folder under /dev/shm (else the temp dir), locked by this process while it lives.
-
-    Ray ends a run by killing its workers, so no exit handler of actor rank 0 runs: the folders of dead
-    writers (their lock released by the kernel) are removed here, by the next writer on the node.
-    """
+    """A fresh folder under /dev/shm (else the temp dir), locked by this process while it lives; first removes the
+    folders of dead writers (their lock released by the kernel), which no exit handler of theirs removed."""
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     for entry in os.scandir(base):
         if entry.name.startswith(DEFAULT_PREFIX) and _is_abandoned(Path(entry.path)):

@@ -1,46 +1,34 @@
 """The ``gloo`` checkpoint engine: verl weight sync from the actor to the rollout workers on CPU.
 
-verl's ``nccl`` engine needs CUDA and cupy; this engine is its CPU counterpart with the same topology and
-lifecycle, so the trainer runs the same code on both paths and only the configured backend differs:
+verl's ``nccl`` engine needs CUDA and cupy; this engine is its CPU counterpart with the same topology
+(``SingleSourceEngine``'s, in ``weight_sync.common``) and lifecycle, so the trainer runs the same code on both
+paths and only the configured backend differs:
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=gloo
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300  # optional; the default
 
 (``+`` because verl's default ``engine_kwargs`` is empty.) The recipe's verl plugin registers the engine in
-every process. How a sync runs (verl's ``CheckpointEngineManager`` calls prepare, build_topology,
-init_process_group, send_weights | receive_weights, finalize; the topology is ``SingleSourceEngine``'s, in
-``weight_sync.common``: actor rank 0 sends, the other actor ranks only walk the weight generator):
+every process.
 
 - The group is a standalone ``ProcessGroupGloo`` over a ``TCPStore`` that actor rank 0 hosts on a port the OS
   picks in its first ``prepare()``. It never touches the default process group (FSDP's).
-- The group is kept across syncs (engine kwarg ``keep_group``, default true): building it (a full mesh of TCP
-  connections) was most of a small model's sync time on CPU. In ``init_process_group`` every rank posts on the
-  store which group it holds; only when all ranks hold the same one is it reused, else every rank drops its own
-  and they build a new one under a fresh key. So a restarted or added worker, a changed world size or a sync
-  that failed on any rank (a failing rank drops its group and, on actor rank 0, the store) lead to a fresh
-  group, and no rank waits for a peer that went another way. ``close()`` (or ``keep_group=false``, for which
-  ``finalize()`` closes) releases the group's sockets and threads and, on actor rank 0, the store's port.
+- The group is kept across syncs (``keep_group``, default true): building it (a full mesh of TCP connections)
+  was most of a small model's sync time on CPU. Every rank posts on the store which group it holds; only when
+  all ranks hold the same one is it reused, else they all build a new one. So a restarted or added worker, a
+  changed world size or a sync that failed on any rank (a failing rank drops its group) lead to a fresh group,
+  and no rank waits for a peer that went another way.
 - Weights travel in buckets of at most ``update_weights_bucket_megabytes``; larger tensors are split into
-  chunks (verl's ``split_weight_chunks``) and reassembled. Both sides double-buffer: the sender packs bucket
-  i+1 into one of two buffers while bucket i is broadcast from the other, and a receiver receives bucket i+1
-  while its consumer copies bucket i's tensors. The buffers are kept between syncs (paging fresh ones in every
-  sync halved the throughput). Tensors start at 64-byte aligned offsets, so a receiver can view them in their
-  own dtype.
-- Each bucket is preceded, in-band, by a pickled ``BucketHeader``: its index, byte count, tensor layout and the
-  weight version (``global_steps``) of the sync. A receiver that was told which version to expect fails on any
-  other.
-- Every collective is bounded by ``timeout_s``: a receiver that dies or stalls makes the sender raise
+  chunks (verl's ``split_weight_chunks``) and reassembled. Both sides double-buffer (the sender packs bucket
+  i+1 while bucket i is broadcast; a receiver receives bucket i+1 while its consumer copies bucket i's
+  tensors), in two buffers kept between syncs (paging fresh ones in every sync halved the throughput). Each
+  bucket is preceded, in-band, by a pickled ``BucketHeader`` carrying the sync's weight version.
+- Every collective is bounded by ``timeout_s``: a peer that dies or stalls fails the sync with
   ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
-- ``send_weights`` returns the payload, ``send_s`` and its split (``produce_s``: waiting for the weight
-  generator, i.e. the actor's all-gathers; ``wire_wait_s``: waiting for broadcasts; ``pack_s``: the rest) and
-  the join's ``group_s``, ``group_reused``, ``allocate_s``. A rollout worker keeps its own split
-  (``recv_wire_wait_s``, ``recv_load_s``: its consumer loading the tensors) for ``receive_metrics()``.
+- ``send_weights``' metrics split its time into ``produce_s`` (waiting for the weight generator, i.e. the actor's
+  all-gathers), ``wire_wait_s`` (waiting for broadcasts) and ``pack_s`` (the rest).
 
-The receiver's contract is ``ReceivedWeights``' (verl's ``nccl`` engine's): a tensor that fits in a bucket is
-yielded as a view into a receive buffer that a later bucket overwrites, so verl's vLLM server adapter copies
-it into place before pulling the next. ``python -m benchmarks gloo-engine`` compares a sync, loaded into a
-model, with a raw gloo broadcast of the same bytes.
+``python -m benchmarks gloo-engine`` compares a sync, loaded into a model, with a raw broadcast of the same bytes.
 """
 
 from __future__ import annotations
@@ -71,9 +59,8 @@ from recipe.one_step_off_async.weight_sync.common import (
 
 logger = logging.getLogger(__name__)
 
+# Bytes: every tensor (chunk) starts at a multiple of this in a bucket, so a receiver can view it in its own dtype.
 ALIGNMENT = 64
-"""Bytes: every tensor (chunk) starts at a multiple of this in a bucket (``Tensor.view(dtype)`` needs an
-offset divisible by the item size)."""
 
 
 @dataclass(frozen=True)
@@ -82,32 +69,25 @@ class StoreAddress:
 
     host: str
     port: int
-    sync: int = 0
-    """Actor rank 0's count of ``prepare()`` calls: names this sync's keys on the store."""
+    sync: int = 0  # actor rank 0's count of prepare() calls: names this sync's keys on the store
 
 
 @dataclass(frozen=True)
 class BucketHeader:
     """What a receiver needs to unpack one bucket; broadcast right before the bucket's bytes."""
 
-    version: int | None
-    """The weight version (trainer ``global_steps``) of the sync; the same in every bucket."""
+    version: int | None  # the weight version (trainer global_steps) of the sync; the same in every bucket
     index: int
     nbytes: int
     is_last: bool
-    tensors: tuple[TensorMeta, ...]
-    """One entry per tensor or tensor chunk, at ``offset`` in the bucket."""
+    tensors: tuple[TensorMeta, ...]  # one per tensor or tensor chunk, at its offset in the bucket
 
 
 @CheckpointEngineRegistry.register("gloo")
 class GlooCheckpointEngine(SingleSourceEngine):
     """Broadcast actor weights to rollout workers over a gloo group on CPU.
 
-    Args:
-        bucket_size: Bytes per bucket (verl passes ``update_weights_bucket_megabytes << 20``). Actor
-            rank 0 and each rollout worker keep two bucket buffers from their first sync on.
-        is_master: True on actor rank 0, which hosts the group's store and sends the weights.
-        timeout_s: Upper bound in seconds on joining the group and on every collective of a sync.
+    Args (besides ``SingleSourceEngine``'s; actor rank 0 also hosts the group's store):
         keep_group: Keep the gloo group (and store) from one sync to the next while every rank
             still holds it; False builds a fresh one in every sync and drops it in ``finalize()``.
     """
@@ -218,10 +198,8 @@ class GlooCheckpointEngine(SingleSourceEngine):
 
     @torch.no_grad()
     async def send_weights(self, weights: NamedTensors, global_steps: int | None = None) -> dict[str, float]:
-        """Broadcast ``weights`` to the rollout workers (actor rank 0); drain them (other actor ranks).
-
-        Returns the sync's metrics on the sender, ``{}`` on the other actor ranks.
-        """
+        """Broadcast ``weights`` to the rollout workers and return the sync's metrics (actor rank 0); drain them and
+        return ``{}`` (other actor ranks)."""
         if self._sending_rank() != SOURCE_RANK:
             await drain(weights)
             return {}
@@ -267,12 +245,7 @@ class GlooCheckpointEngine(SingleSourceEngine):
             for index in (1 - slot, slot):
                 await self._wait(pending[index], failed)
         except BaseException:
-            # Let go of every pending broadcast, so closing the group closes its sockets now and the
-            # receivers fail at once instead of at their timeout.
-            for unfinished in pending:
-                if unfinished is not None:
-                    unfinished.works.clear()
-            self._close_group()
+            self._abandon(*pending)
             raise
         seconds = time.perf_counter() - start
         logger.info(
@@ -295,15 +268,8 @@ class GlooCheckpointEngine(SingleSourceEngine):
         }
 
     def receive_weights(self, global_steps: int | None = None) -> ReceivedWeights:
-        """The weights the actor broadcasts in this sync (rollout workers).
-
-        While the consumer copies bucket i's tensors out of one buffer, bucket i+1 is received into the other;
-        bucket i's buffer is reused once the consumer asked for the item after bucket i's last tensor.
-
-        Args:
-            global_steps: The weight version the trainer announced for this sync. When given, a sync
-                stamped with any other version fails with ``WeightSyncError``.
-        """
+        """The weights the actor broadcasts in this sync (rollout workers); when ``global_steps`` (the version
+        the trainer announced) is given, a sync stamped with any other version fails with ``WeightSyncError``."""
         self._receiving_rank()  # raises on actor ranks
         return ReceivedWeights(lambda stream: self._receive_tensors(global_steps, stream))
 
@@ -347,11 +313,7 @@ class GlooCheckpointEngine(SingleSourceEngine):
                     break
                 header, slot = following, 1 - slot
         except BaseException:
-            # Let go of the pending receive, so closing the group closes its sockets now and the
-            # sender fails at once instead of at its timeout.
-            if pending is not None:
-                pending.works.clear()
-            self._close_group()
+            self._abandon(pending)
             raise
         seconds = time.perf_counter() - start
         self._received = {
@@ -396,12 +358,9 @@ class GlooCheckpointEngine(SingleSourceEngine):
     def _unpack(
         self, header: BucketHeader, buffer: torch.Tensor, arriving: dict[str, torch.Tensor]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield each tensor that a received bucket completes.
-
-        A tensor that lies whole in the bucket is a view into ``buffer``, as in verl's
-        ``merge_weight_chunks``. The chunks of a larger tensor are copied into one tensor allocated
-        at its first chunk and kept in ``arriving`` until its last chunk arrived.
-        """
+        """Yield each tensor that a received bucket completes: one that lies whole in the bucket as a view into
+        ``buffer`` (as verl's ``merge_weight_chunks``), a larger one copied chunk by chunk into a tensor kept in
+        ``arriving`` until its last chunk arrived."""
         for meta in header.tensors:
             chunk = buffer[meta.offset : meta.offset + meta.chunk_size]
             if meta.chunk_size == meta.shape.numel() * meta.dtype.itemsize:
@@ -429,6 +388,14 @@ class GlooCheckpointEngine(SingleSourceEngine):
         except RuntimeError as error:
             raise WeightSyncError(f"{failed(pending.index)} Cause: {error}") from error
         self._wire_wait_s += time.perf_counter() - waited
+
+    def _abandon(self, *pending: _Pending | None) -> None:
+        """Let go of the pending broadcasts and close the group: its sockets close now, so the peers fail at
+        once instead of at their timeout."""
+        for unfinished in pending:
+            if unfinished is not None:
+                unfinished.works.clear()
+        self._close_group()
 
     def _close_group(self) -> None:
         # Dropping the last references closes the group's sockets and joins its threads, and closes
