@@ -98,6 +98,8 @@ def test_a_node_lost_mid_generation_costs_no_prompt_and_no_version(tmp_path, one
         env=cluster.env,
     )
     assert "ray_kwargs.ray_init.num_cpus=8 dropped: the launch joins the running Ray cluster" in run.output
+    # The recipe's code reached the nodes through Ray's runtime env (py_modules), which the workers import first.
+    assert list(Path(cluster.temp_dir).glob("ray/session_*/runtime_resources/py_modules_files/*/recipe/*/cluster.py"))
     # The metrics below: VERL_FILE_LOGGER_PATH, set for the launch only, reached the task runner on its node.
     assert run.metrics
     # The task runner, the actor and each replica on a node of its own: every sync crossed nodes.
