@@ -512,6 +512,35 @@ def test_a_request_whose_replica_ray_cannot_reach_is_asked_again_until_ray_decla
     assert list(cpu_ray.get(controller.take_lost.remote())) == ["server://on-lost-node"]
 
 
+def test_a_replica_unreachable_for_longer_than_the_bound_is_lost_and_its_request_generated_again(
+    ray_shipping_servers, servers, monkeypatch
+):
+    """A node cut off, not gone: Ray never declares it dead, the client stops waiting after UNREACHABLE_LOST_S."""
+    cpu_ray = ray_shipping_servers
+    client, balancer, controller = _client_and_pool(
+        cpu_ray,
+        servers,
+        {"server://cut-off": "die", "server://healthy": "answer"},  # a server of its own: killed
+    )
+    monkeypatch.setattr("recipe.one_step_off_async.elastic.client.UNAVAILABLE_RETRY_S", 0.01)
+    monkeypatch.setattr("recipe.one_step_off_async.elastic.client.UNREACHABLE_LOST_S", 0.1)
+    generate = LLMServerClient.generate
+
+    async def cut_off(self, request_id, **kwargs):
+        server_id, _ = await self._acquire_server(request_id)
+        if server_id == "server://cut-off":
+            self._release_server(server_id)
+            raise cpu_ray.exceptions.ActorUnavailableError("the actor's node does not answer", None)
+        self._release_server(server_id)
+        return await generate(self, request_id, **kwargs)
+
+    monkeypatch.setattr(LLMServerClient, "generate", cut_off)
+    output = _generate(cpu_ray, client)
+    assert output.extra_fields[SERVED_BY] == "server://healthy" and output.extra_fields[REGENERATED] == 1
+    lost = cpu_ray.get(controller.take_lost.remote())
+    assert list(lost) == ["server://cut-off"] and lost["server://cut-off"].startswith("ActorUnavailableError")
+
+
 class EngineDeadError(RuntimeError):
     """What vLLM's server raises once its engine process died (``vllm.v1.engine.exceptions``), by name."""
 

@@ -448,8 +448,8 @@ def test_a_replica_start_that_never_finishes_fails_naming_the_pool_and_what_ray_
         start.servers()
     assert 0.25 <= time.monotonic() - began < FAIL_WITHIN_S
     assert str(caught.value).startswith(
-        "The rollout replicas did not start within 0.3 s (async_training.start_timeout_s). The rollout pool, "
-        "actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 4 cuda devices, is not placed yet"
+        "The rollout replicas did not start within 0.3 s (async_training.start_timeout_s): the rollout pool, "
+        "actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 4 devices, is not placed yet"
     )
     assert "Ray reports free: 2 GPU, 12 CPU." in str(caught.value)
     never.set()
@@ -466,7 +466,7 @@ def test_the_replicas_start_time_counts_from_its_beginning_not_from_the_wait(mon
     start.begin()
     time.sleep(0.3)
     began = time.monotonic()
-    with pytest.raises(PipelineTimeoutError, match="Ray reports free: none of GPU, NPU, CPU"):
+    with pytest.raises(PipelineTimeoutError, match="Ray reports free: nothing"):
         start.servers()
     assert time.monotonic() - began < 0.2
     never.set()

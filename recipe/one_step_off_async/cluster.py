@@ -1,30 +1,34 @@
 """The Ray cluster a launch runs on: one it starts, or a running one it joins (``ray start`` on every node, then the
-launch on the head, as verl's multi-node docs do), and what the launch sends to its nodes.
-
-``ray.init`` joins a running cluster when ``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS`` names one, or when
-``ray start`` left its address here, and then refuses the keys that size a cluster, which the profiles set for the
-cluster they start: ``prepare_ray_init`` drops them with a notice each. Workers of a running cluster inherit its
-``ray start`` environment, not the driver's: the launch's verl, vLLM and collective-library variables go through
-Ray's runtime env, and so does the recipe's code (``py_modules``). ``node_local_problem`` names the shared folders
-(data, checkpoints, the ``checkpoint`` engine's) on storage one node sees, once the cluster spans several hosts.
+launch on the head). Joining, ``prepare_ray_init`` drops the keys Ray refuses there (the cluster's size) with a notice
+each, and sends the nodes through Ray's runtime env what they do not inherit from the driver: its verl, vLLM and
+collective-library variables, and the recipe's code (``py_modules``). ``node_local_problem`` names the shared folders
+on storage one node sees, once the cluster spans several hosts.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 import psutil
 from omegaconf import DictConfig, OmegaConf, open_dict
+from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
 from recipe.one_step_off_async.schema import Problems
 
 RAY_INIT = "ray_kwargs.ray_init"
 # What ray.init refuses when it joins a running cluster (ray/_private/worker.py: "... must not be provided").
-SIZING_KEYS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config")
+SIZING_KEYS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config", "_node_name")
+ACCEPTED_WHEN_EMPTY = ("_system_config",)
 FORWARDED_PREFIXES = ("VERL_", "VLLM_", "NCCL_", "GLOO_")  # verl's, vLLM's and the collective libraries' variables
-NODE_SPECIFIC_VARIABLES = ("VLLM_HOST_IP",)  # each node's own
+# Not sent: what each node sets for itself (network interfaces and devices, addresses, ports), and secrets (the config
+# holding the runtime env is printed and tracked).
+NODE_OWN_SUFFIXES = ("_IFNAME", "_HCA", "_TOPO_FILE", "_HOST_IP", "_MASTER_IP", "_PORT")
+SECRETS = "KEY|TOKEN|SECRET|PASSWORD"
+
+
 RECIPE_PACKAGE = Path(__file__).resolve().parents[1]  # the top-level ``recipe`` package
 NODE_LOCAL_FILESYSTEMS = ("tmpfs", "ramfs")
 # The folders every node of the run reads or writes: a value of None or a missing key is skipped.
@@ -53,18 +57,25 @@ def prepare_ray_init(config: DictConfig) -> Problems:
                 "node), name it (RAY_ADDRESS=<head ip>:6379), or unset both to start one with the launch."
             ]
         )
+    if address is None:
+        return Problems()  # the workers of a cluster the launch starts inherit its environment and see its code
+    if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
+        why = "shares one GPU through logical GPUs only a Ray cluster the launch starts has"
+        unset = f"Unset RAY_ADDRESS and {RAY_INIT}.address (or stop the `ray start` cluster here)"
+        return Problems([f"async_training.one_gpu=true {why}, but it would join the cluster at {address}. {unset}."])
     with open_dict(config):
         ray_init = OmegaConf.select(config, RAY_INIT)
         runtime_env = ray_init.runtime_env
-        forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
-        runtime_env.env_vars = {**forwarded, **(runtime_env.get("env_vars") or {})}
-        for key in NODE_SPECIFIC_VARIABLES:
-            runtime_env.env_vars.pop(key, None)
-        if address is None:
-            return Problems()
+        if RAY_JOB_CONFIG_JSON_ENV_VAR not in os.environ:  # under `ray job submit`, the job's runtime env applies
+            sent = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+            sent = {k: v for k, v in sent.items() if not k.endswith(NODE_OWN_SUFFIXES) and not re.search(SECRETS, k)}
+            runtime_env.env_vars = {**sent, **(runtime_env.get("env_vars") or {})}
+            modules = list(runtime_env.get("py_modules") or [])
+            if not runtime_env.get("working_dir") and str(RECIPE_PACKAGE) not in modules:
+                runtime_env.py_modules = [*modules, str(RECIPE_PACKAGE)]
         for key in SIZING_KEYS:
             value = ray_init.get(key)
-            if value is not None and value != {}:
+            if value is not None and (value or key not in ACCEPTED_WHEN_EMPTY):
                 shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
                 flag = key.strip("_").replace("_", "-")
                 print(
@@ -74,8 +85,6 @@ def prepare_ray_init(config: DictConfig) -> Problems:
                     flush=True,
                 )
                 ray_init[key] = None
-        if not (runtime_env.get("py_modules") or runtime_env.get("working_dir")):
-            runtime_env.py_modules = [str(RECIPE_PACKAGE)]
     return Problems()
 
 
@@ -93,7 +102,8 @@ def node_local_paths(config: DictConfig) -> list[str]:
     for key in SHARED_FOLDERS:
         value = OmegaConf.select(config, key, default=None)
         for path in value if isinstance(value, list | tuple) or OmegaConf.is_list(value) else [value]:
-            if isinstance(path, str) and path and (kind := filesystem_type(path)) in NODE_LOCAL_FILESYSTEMS:
+            local = isinstance(path, str) and "://" not in path  # a URI (gs://, hdfs://) is no folder of a node
+            if local and (kind := filesystem_type(path)) in NODE_LOCAL_FILESYSTEMS:
                 found.append(f"{key}={path} ({kind})")
     engine = OmegaConf.select(config, "actor_rollout_ref.rollout.checkpoint_engine", default={}) or {}
     if engine.get("backend") == "checkpoint" and OmegaConf.select(config, CHECKPOINT_ENGINE_DIR, default=None) is None:

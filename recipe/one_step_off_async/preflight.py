@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import re
 import warnings
@@ -212,12 +213,10 @@ def missing_backends(config: DictConfig) -> list[str]:
     return lines
 
 
-# The oldest Linux driver (its major version) each CUDA major version runs on, by CUDA's minor-version compatibility:
-# NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions" (13.x >= 580,
-# 12.x >= 525.60.13, 11.x >= 450.80.02).
+# The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA Toolkit release notes, "CUDA Toolkit and
+# Corresponding Driver Versions": 13.x >= 580, 12.x >= 525.60.13, 11.x >= 450.80.02).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
-
-# Each pool by name, and the section whose nnodes x n_gpus_per_node it takes.
+# Each pool, and the section whose nnodes x n_gpus_per_node it takes.
 POOLS = {
     "training pool": "trainer",
     "rollout pool": "actor_rollout_ref.rollout",
@@ -256,20 +255,16 @@ def pool_devices(config: DictConfig) -> dict[str, int]:
     """The devices each pool takes (``nnodes x n_gpus_per_node``): training, rollout, and a reward model's own pool
     when it has one. A value that is not a count counts 0 (``async_config`` refuses it). Pure."""
 
-    def count(key: str) -> int:
-        value = OmegaConf.select(config, key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    names, reward_model = ["training pool", "rollout pool"], config.reward.reward_model
-    if reward_model.enable and reward_model.enable_resource_pool:
-        names.append("reward model pool")
-    return {name: count(f"{POOLS[name]}.nnodes") * count(f"{POOLS[name]}.n_gpus_per_node") for name in names}
+    reward_model, devices = config.reward.reward_model, {}
+    for name in list(POOLS)[: 3 if reward_model.enable and reward_model.enable_resource_pool else 2]:
+        sizes = [OmegaConf.select(config, f"{POOLS[name]}.{key}") for key in ("nnodes", "n_gpus_per_node")]
+        devices[name] = math.prod(n if isinstance(n, int) and not isinstance(n, bool) else 0 for n in sizes)
+    return devices
 
 
 def too_few_devices(config: DictConfig, available: int, counted: str) -> str | None:
     """The problem of pools that take more than the ``available`` devices of a single-node Ray cluster (``counted``:
-    what they are and who counted them), or None. None on ``async_training.one_gpu``, where both pools share one GPU
-    by design. Pure."""
+    what they are), or None; None on ``async_training.one_gpu``, whose pools share one GPU by design. Pure."""
     pools = pool_devices(config)
     total = sum(pools.values())
     if total <= available or OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
@@ -303,11 +298,9 @@ def _devices_here(config: DictConfig) -> tuple[int, str] | None:
 
 
 def sync_memory_bytes(config: DictConfig, model_config: dict) -> int:
-    """What one nccl weight sync holds on each rollout GPU outside vLLM's ``gpu_memory_utilization`` share (verl
-    0.9.1): the engine's two buckets and the bucket of the hand-off to vLLM, 3 x ``update_weights_bucket_megabytes``,
-    plus the largest tensor when it exceeds a bucket (the receiver merges it whole): the embedding or lm_head
-    (``vocab_size x hidden_size``) or an MLP projection (``intermediate_size x hidden_size``) of ``model_config``
-    (the model's config.json; empty when unknown), in ``rollout.dtype``. Pure."""
+    """What one nccl weight sync holds on each rollout GPU outside vLLM's share (verl 0.9.1): two engine buckets and
+    the hand-off's, plus the largest tensor when it exceeds a bucket (merged whole): ``vocab_size`` or
+    ``intermediate_size`` x ``hidden_size`` of ``model_config`` (config.json; empty when unknown), in rollout.dtype."""
     from verl.utils.torch_dtypes import PrecisionType
 
     rollout = config.actor_rollout_ref.rollout
@@ -354,10 +347,8 @@ def _model_config(path: str) -> dict:
 
 
 def machine_problems(config: DictConfig) -> Problems:
-    """What this machine lacks of what the config needs (a CUDA device the installed torch can use, the devices the
-    pools take on a Ray cluster the launch starts here, the backends' modules), as missing here. Warns when an nccl
-    weight sync may not fit beside vLLM on a rollout GPU (this machine's first; not on one GPU, where the rest of the
-    device holds the actor)."""
+    """What this machine lacks of what the config needs (a CUDA device torch can use, the devices the pools take on a
+    cluster the launch starts here, the backends' modules); warns when an nccl sync may not fit beside vLLM on a GPU."""
     found = Problems()
     if config.trainer.device == "cuda":
         import torch
@@ -370,9 +361,8 @@ def machine_problems(config: DictConfig) -> Problems:
             warning = sync_memory_warning(config, _model_config(config.actor_rollout_ref.model.path), memory)
             if warning:
                 warnings.warn(warning, stacklevel=2)
-    here = _devices_here(config)
-    problem = too_few_devices(config, *here) if here else None
-    found.not_here += [problem] if problem else []
+    if (here := _devices_here(config)) and (problem := too_few_devices(config, *here)):
+        found.not_here.append(problem)
     found.not_here += [f"Not installed on this machine: {line}" for line in missing_backends(config)]
     return found
 

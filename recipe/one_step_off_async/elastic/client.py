@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from typing import Any
 
 import ray
@@ -23,10 +24,10 @@ from recipe.one_step_off_async.errors import RolloutPoolLostError
 
 SERVED_BY = "rollout_replica"
 REGENERATED = "rollout_regenerated"
-# A request whose replica died this many times in a row is the likely killer (a prompt that OOMs the
-# engine): fail the run naming it rather than let it take the whole pool down.
+# A request whose replica died this many times is the likely killer (a prompt that OOMs the engine): fail naming it.
 MAX_REPLICAS_LOST_PER_REQUEST = 3
 UNAVAILABLE_RETRY_S = 1.0  # between attempts at a replica Ray cannot reach
+UNREACHABLE_LOST_S = 60.0  # then it is lost, though Ray has not declared it dead yet (a node cut off, not gone)
 
 # The replica the current request (an asyncio task) was routed to, and its server; set by _acquire_server.
 _routed_to: contextvars.ContextVar[str | None] = contextvars.ContextVar("routed_to", default=None)
@@ -68,39 +69,42 @@ class ElasticLLMServerClient(LLMServerClient):
 
     async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
         lost: list[str] = []
+        unreachable_since: float | None = None
         while True:
             _routed_to.set(None)
             try:
                 output = await super().generate(request_id, **kwargs)
-            except ray.exceptions.ActorUnavailableError:
-                # Ray cannot reach the replica (its node is going, or a blip) and has not declared it dead: ask again,
-                # until it answers or Ray declares it dead (ActorDiedError, below). The generation timeout bounds it.
-                await asyncio.sleep(UNAVAILABLE_RETRY_S)
-                continue
+                break
+            except ray.exceptions.ActorUnavailableError as error:
+                unreachable_since = unreachable_since or time.monotonic()  # its node is going, or a blip: ask again
+                if time.monotonic() - unreachable_since < UNREACHABLE_LOST_S:
+                    await asyncio.sleep(UNAVAILABLE_RETRY_S)
+                    continue
+                failure = error
             except (ray.exceptions.ActorDiedError, ray.exceptions.RayTaskError) as error:
-                server_id = _routed_to.get()
-                if server_id is None:  # the load balancer itself is gone: nothing to fail over to
-                    raise
-                if isinstance(error, ray.exceptions.RayTaskError):
-                    if not engine_died(error):
-                        raise  # a live replica's own error (bad input...): not retried
-                    ray.kill(_routed_handle.get())  # what is left of the replica serves nothing more
-                lost.append(server_id)
-                # Idempotent on both actors: every request that was on the replica reports it.
-                await self._load_balancer.remove_servers.remote([server_id])
-                await self._controller.report_lost.remote(server_id, describe(error))
-                if len(lost) >= MAX_REPLICAS_LOST_PER_REQUEST:
-                    raise RolloutPoolLostError(
-                        f"Request {request_id}: {len(lost)} rollout replicas died while generating it "
-                        f"({', '.join(lost)}); the request itself may be what kills them (e.g. an engine OOM on "
-                        f"this prompt), so it is not sent to another. Last error: {error}"
-                    ) from error
-                if not await self._load_balancer.get_all_servers.remote():
-                    raise RolloutPoolLostError(
-                        f"Request {request_id}: no rollout replica is left to generate it; lost while it was "
-                        f"waiting on them: {', '.join(lost)}. Last error: {type(error).__name__}: {error}"
-                    ) from error
-                continue
-            output.extra_fields[SERVED_BY] = _routed_to.get()
-            output.extra_fields[REGENERATED] = len(lost)
-            return output
+                failure = error
+            unreachable_since, server_id = None, _routed_to.get()
+            if server_id is None:  # the load balancer itself is gone: nothing to fail over to
+                raise failure
+            if isinstance(failure, ray.exceptions.RayTaskError) and not engine_died(failure):
+                raise failure  # a live replica's own error (bad input...): not retried
+            if not isinstance(failure, ray.exceptions.ActorDiedError):
+                ray.kill(_routed_handle.get())  # what is left of the replica serves nothing more
+            lost.append(server_id)
+            # Idempotent on both actors: every request that was on the replica reports it.
+            await self._load_balancer.remove_servers.remote([server_id])
+            await self._controller.report_lost.remote(server_id, describe(failure))
+            if len(lost) >= MAX_REPLICAS_LOST_PER_REQUEST:
+                raise RolloutPoolLostError(
+                    f"Request {request_id}: {len(lost)} rollout replicas died while generating it "
+                    f"({', '.join(lost)}); the request itself may be what kills them (e.g. an engine OOM on "
+                    f"this prompt), so it is not sent to another. Last error: {failure}"
+                ) from failure
+            if not await self._load_balancer.get_all_servers.remote():
+                raise RolloutPoolLostError(
+                    f"Request {request_id}: no rollout replica is left to generate it; lost while it was "
+                    f"waiting on them: {', '.join(lost)}. Last error: {type(failure).__name__}: {failure}"
+                ) from failure
+        output.extra_fields[SERVED_BY] = _routed_to.get()
+        output.extra_fields[REGENERATED] = len(lost)
+        return output

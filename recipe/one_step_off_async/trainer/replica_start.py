@@ -66,14 +66,11 @@ class ReplicaStart:
         return LLMServerManager.create(config=self.config)
 
     def _timed_out(self) -> str:
-        rollout, device = self.config.actor_rollout_ref.rollout, self.config.trainer.device
-        free = self.free_resources()
-        shown = ", ".join(f"{free[name]:g} {name}" for name in ("GPU", "NPU", "CPU") if name in free)
+        rollout, free = self.config.actor_rollout_ref.rollout, self.free_resources()
+        shown = ", ".join(f"{free[name]:g} {name}" for name in ("GPU", "NPU", "CPU") if name in free) or "nothing"
         return (
-            f"The rollout replicas did not start within {self.timeout_s:g} s (async_training.start_timeout_s). The "
+            f"The rollout replicas did not start within {self.timeout_s:g} s (async_training.start_timeout_s): the "
             f"rollout pool, actor_rollout_ref.rollout.nnodes x n_gpus_per_node = {rollout.nnodes} x "
-            f"{rollout.n_gpus_per_node} {device} devices, is not placed yet or its engines are still loading; Ray "
-            f"reports free: {shown or 'none of GPU, NPU, CPU'}. A replica waits until Ray can place all its devices: "
-            "free them (another job holds them, or the pools need more than the cluster has), make the rollout pool "
-            "smaller, or raise async_training.start_timeout_s for engines that take longer to load."
+            f"{rollout.n_gpus_per_node} devices, is not placed yet or still loading; Ray reports free: {shown}. Free the "
+            "devices, make the rollout pool smaller, or raise async_training.start_timeout_s for slow engine loads."
         )

@@ -86,10 +86,14 @@ class OneStepOffTaskRunner:
 
 def lost_worker(error: ray.exceptions.RayActorError) -> str:
     """Which worker is gone and on which node (Ray's error names neither until it declares the node dead)."""
-    actor = ray._private.state.actors(error.actor_id) if error.actor_id else {}
+    try:
+        actor = ray._private.state.actors(error.actor_id) if error.actor_id else {}
+    except Exception:  # the GCS may not answer either: name what the error names
+        actor = {}
     where = actor.get("Address") or {}
+    state = "unreachable" if isinstance(error, ray.exceptions.ActorUnavailableError) else "gone"
     return (
         f"{actor.get('ActorClassName', 'A worker').rsplit('.', 1)[-1]} (actor {error.actor_id}) on node "
-        f"{where.get('NodeID')} ({where.get('IPAddress')}) is gone: {str(error).splitlines()[0]} The run cannot go on "
-        "without it; if its node was lost, resume on the nodes left (trainer.resume_mode=auto)."
+        f"{where.get('NodeID')} ({where.get('IPAddress')}) is {state}: {str(error).splitlines()[0]} -- The run cannot "
+        "go on without it; if its node was lost, resume on the nodes left (trainer.resume_mode=auto)."
     )
