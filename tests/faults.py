@@ -47,6 +47,7 @@ from recipe.one_step_off_async.trainer.agent_loops import VersionedToolAgentLoop
 TESTS_DIR = Path(__file__).resolve().parent
 KILL_REPLICA_AT_CALL_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_AT_CALL"
 KILL_REPLICA_NODE_ENV = "FAULTS_AGENT_LOOP_KILL_REPLICA_NODE_REPORT"
+KILL_NODE_WHEN_ASKED_ENV = "FAULTS_AGENT_LOOP_KILL_NODE_NAMED_IN"  # a file the test writes a node id to
 KILL_AT_TOOL_CALL_ENV = "FAULTS_TOOL_AGENT_LOOP_KILL_REPLICA_AT_TOOL_CALL"
 KILLED_CONVERSATION_ENV = "FAULTS_KILLED_CONVERSATION_FILE"
 RUN_MARKER_ENV = "FAULTS_RUN_MARKER"
@@ -67,6 +68,10 @@ async def _kill_a_replica_on_call(agent_loop) -> None:
     """On this worker process's N-th agent-loop call, kill the replica the load balancer would pick next (with
     ``KILL_REPLICA_NODE_ENV``, a node that runs a replica and nothing else of the job)."""
     _calls[0] += 1
+    asked = Path(os.environ.get(KILL_NODE_WHEN_ASKED_ENV, "/nonexistent"))
+    if asked.exists() and not _calls[1]:  # the test asked for a node to be lost, during a generation
+        _calls[1] = 1
+        _kill_node(asked.read_text().strip())
     if _calls[0] == int(os.environ.get(KILL_REPLICA_AT_CALL_ENV, 0)):
         if KILL_REPLICA_NODE_ENV in os.environ:
             _kill_a_rollout_node(Path(os.environ[KILL_REPLICA_NODE_ENV]))
@@ -88,6 +93,11 @@ def _kill_a_rollout_node(report: Path) -> None:
     replica_nodes = sorted({node for name, node in actors if name == ROLLOUT_ACTORS[0]})
     node = next(n for n in replica_nodes if all(name in ROLLOUT_ACTORS for name, at in actors if at == n))
     report.write_text(json.dumps({"killed_node": node, "actors": actors}))
+    _kill_node(node)
+
+
+def _kill_node(node: str) -> None:
+    """Kill every process of the node at once, as a machine that is lost."""
     (raylet,) = (
         p
         for p in psutil.process_iter(["name", "cmdline"])
@@ -98,7 +108,7 @@ def _kill_a_rollout_node(report: Path) -> None:
             process.kill()
 
 
-_calls = [0]
+_calls = [0, 0]  # agent-loop calls in this process; whether the asked-for node was killed
 
 
 class FailingAgentLoop(SingleTurnAgentLoop):
@@ -118,7 +128,7 @@ class FailingBudgetedAgentLoop(BudgetedAgentLoop):
         return await super().run(sampling_params, **kwargs)
 
 
-_tool_calls = [0]
+_tool_calls = [0, 0]  # agent-loop calls in this process; whether the asked-for node was killed
 
 
 class FailingToolAgentLoop(VersionedToolAgentLoop):
@@ -196,6 +206,14 @@ def failing_generation(
     if kill_node:
         env[KILL_REPLICA_NODE_ENV] = str(directory / "killed_node.json")
     return overrides, env
+
+
+def node_lost_on_request(directory: Path) -> tuple[list[str], dict[str, str], Path]:
+    """Overrides and env for a run whose agent loop kills the node whose id the test writes to the returned file, at
+    its next call: a node lost while a batch is generated (never during a weight sync, which waits for generation)."""
+    overrides, env = failing_generation(directory, kill_replica_at_call=0)
+    request = directory / "kill_node"
+    return overrides, {**env, KILL_NODE_WHEN_ASKED_ENV: str(request)}, request
 
 
 def killed_node(directory: Path) -> dict:

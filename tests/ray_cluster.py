@@ -111,13 +111,15 @@ class LocalCluster:
 
 
 def _tree(node) -> list[psutil.Process]:
-    """Every live process of a node: its daemons and everything below them."""
+    """Every live process of a node: its daemons and everything below them. A daemon's command line names the node's
+    session folder: a pid whose daemon exited may have been reused by another run's process (pid_max is 32768 here)."""
     found = []
     for kind in node.all_processes.values():
         for info in kind:
             with contextlib.suppress(psutil.Error):
                 daemon = psutil.Process(info.process.pid)
-                found += [daemon, *daemon.children(recursive=True)]
+                if node.get_session_dir_path() in " ".join(daemon.cmdline()):
+                    found += [daemon, *daemon.children(recursive=True)]
     return found
 
 

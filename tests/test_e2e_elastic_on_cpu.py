@@ -42,7 +42,14 @@ from e2e import (
     loss_overrides,
     run_main,
 )
-from faults import ACTOR_WORKER, ROLLOUT_ACTORS, failing_generation, killed_node, start_main
+from faults import (
+    ACTOR_WORKER,
+    ROLLOUT_ACTORS,
+    failing_generation,
+    killed_node,
+    node_lost_on_request,
+    start_main,
+)
 from ray_cluster import LocalCluster, runtime_env_overrides
 
 pytestmark = pytest.mark.e2e
@@ -155,8 +162,11 @@ def test_a_node_that_joins_gets_a_replica_a_node_lost_loses_it_and_losing_the_ac
     tmp_path, three_nodes
 ):
     staleness = 2  # also the end-to-end run of staleness 2, with the tis_pg loss
+    fault, fault_env, lose_node = node_lost_on_request(tmp_path)
     run = start_main(
         tmp_path,
+        *fault,
+        *runtime_env_overrides(fault_env),
         *ELASTIC,
         "async_training.elastic.max_replicas=2",
         f"async_training.staleness={staleness}",
@@ -189,7 +199,8 @@ def test_a_node_that_joins_gets_a_replica_a_node_lost_loses_it_and_losing_the_ac
             added.stderr
         )
 
-        three_nodes.remove_node(joined_node)  # the machine of replica 1 lost
+        # The machine of replica 1 lost while a batch is generated (a replica lost during a weight sync fails the sync).
+        lose_node.write_text(joined_node)
         lost = int(wait_for(output, rf"replica 1 \({SERVER_ADDRESS}\) lost at step (\d+)"))
         run.wait_for_step(lost + staleness + 1)  # generated after the pool took the loss in
 
