@@ -5,7 +5,8 @@ Two kinds of faults:
 - **In-process**, through verl's own extension points: a custom agent loop
   (``rollout.agent.agent_loop_config_path``) that kills a rollout replica (``ray.kill``, while the
   calls before it are still generating) on its N-th call, a tool agent loop that kills the replica of
-  a conversation between its turns (``failing_conversation``), and custom reward functions
+  a conversation between its turns (``failing_conversation``, which also reports when the replica's vLLM
+  engine process ended), and custom reward functions
   (``reward.custom_reward_function``) with a given body (one that raises, say).
 - **From outside**, on a run started with ``start_main``: every process of the run (the driver,
   Ray's daemons, every worker) carries a marker in its environment, so a test can find a worker
@@ -25,6 +26,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -143,8 +145,11 @@ class FailingToolAgentLoop(VersionedToolAgentLoop):
         if _tool_calls[0] == int(os.environ.get(KILL_AT_TOOL_CALL_ENV, 0)):
             server_id, server = await self.server_manager._acquire_server(agent_data.request_id)
             self.server_manager._release_server(server_id)
-            ray.kill(server)
+            engines = await server.__ray_call__.remote(_engine_pids)
+            ray.kill(server)  # as the recipe drops a silent replica (trainer/engine_health.py)
             self.killed_replica = server_id
+            report = Path(os.environ[KILLED_CONVERSATION_ENV]).with_suffix(".engines.json")
+            threading.Thread(target=_report_when_gone, args=(engines, report), daemon=True).start()
         return await super()._handle_processing_tools_state(agent_data)
 
     async def run(self, sampling_params, **kwargs):
@@ -161,6 +166,28 @@ class FailingToolAgentLoop(VersionedToolAgentLoop):
             }
             Path(os.environ[KILLED_CONVERSATION_ENV]).write_text(json.dumps(record, default=str))
         return output
+
+
+def _engine_pids(server) -> list[int]:
+    """Run inside a replica's server actor: the pids of its vLLM engine processes."""
+    return [child.pid for child in psutil.Process().children(recursive=True) if child.name() == VLLM_ENGINE]
+
+
+def _report_when_gone(pids: list[int], report: Path, wait_s: float = 60) -> None:
+    """Write to ``report`` the engine ``pids`` and how long after now the last of them ended (or which still run
+    ``wait_s`` later)."""
+    began = time.monotonic()
+    while (alive := [pid for pid in pids if process_running(pid)]) and time.monotonic() - began < wait_s:
+        time.sleep(0.2)
+    report.write_text(json.dumps({"engines": pids, "alive": alive, "ended_within_s": time.monotonic() - began}))
+
+
+def process_running(pid: int) -> bool:
+    """Whether the process ``pid`` runs (a zombie does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def failing_conversation(directory: Path, kill_at_tool_call: int) -> tuple[list[str], dict[str, str]]:
@@ -180,8 +207,10 @@ def failing_conversation(directory: Path, kill_at_tool_call: int) -> tuple[list[
 
 
 def killed_conversation(directory: Path) -> dict:
-    """What ``FailingToolAgentLoop`` reported of the conversation whose replica it killed."""
-    return json.loads((directory / "killed_conversation.json").read_text())
+    """What ``FailingToolAgentLoop`` reported of the conversation whose replica it killed, with ``engines``: the
+    replica's vLLM engine processes, which ones still ran 60 s after the kill and when the last one ended."""
+    engines = json.loads((directory / "killed_conversation.engines.json").read_text())
+    return {**json.loads((directory / "killed_conversation.json").read_text()), "engines": engines}
 
 
 def failing_generation(

@@ -7,6 +7,7 @@ warm-started model, and the build-once cache. The checks of the build read the s
 
 import asyncio
 import dataclasses
+import io
 import json
 import shutil
 import string
@@ -604,3 +605,39 @@ def test_tool_use_model_mostly_calls_the_tool_with_the_prompts_letters(assets):
 )
 def test_tool_use_reward_scores_the_final_answer(response, score):
     assert compute_score(tool_task.DATA_SOURCE, response, "abcde") == score
+
+
+def test_vision_task_rows_carry_their_picture_and_the_tiny_vlm_sees_it(assets):
+    """The vision task's model, tokenizer and image processor load without torchvision, and the pixels reach the
+    model (its next-token probabilities move with the picture); what a launch on it needs is in the support matrix."""
+    from PIL import Image
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from recipe.one_step_off_async.demo import vision_task
+
+    rows = pq.read_table(assets.vision_train_file).to_pylist()
+    assert len(rows) == vision_task.NUM_TRAIN and {row["reward_model"]["ground_truth"] for row in rows} == set(
+        vision_task.COLOURS
+    )
+    tokenizer = AutoTokenizer.from_pretrained(assets.vision_model_dir)
+    processor = vision_task.image_processor()
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(assets.vision_model_dir).eval()
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": vision_task.QUESTION}]}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    pad = "<|image_pad|>"
+    ids = tokenizer(text.replace(pad, pad * vision_task.IMAGE_TOKENS), return_tensors="pt").input_ids
+    assert ids.shape[1] == vision_task.MAX_PROMPT_LENGTH
+
+    def next_token_logprobs(png: bytes) -> torch.Tensor:
+        pixels = processor(images=[Image.open(io.BytesIO(png))], return_tensors="pt")
+        with torch.inference_mode():
+            out = model(input_ids=ids, mm_token_type_ids=(ids == tokenizer.convert_tokens_to_ids(pad)).long(), **pixels)
+        return out.logits[0, -1].log_softmax(-1)
+
+    red, blue = (
+        next(row["images"][0]["bytes"] for row in rows if row["reward_model"]["ground_truth"] == c)
+        for c in ("red", "blue")
+    )
+    assert torch.equal(next_token_logprobs(red), next_token_logprobs(red))
+    assert (next_token_logprobs(red) - next_token_logprobs(blue)).abs().max() > 0.05  # 0.2 measured
+    assert vision_task.score_colour(" red\n", "red") == 1.0 and vision_task.score_colour("redd", "red") == 0.0

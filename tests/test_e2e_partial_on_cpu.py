@@ -184,6 +184,10 @@ def test_conversations_ran_several_turns_and_the_one_whose_replica_died_ended_co
     # user, tool call, tool response, answer: verl counts 4 turns.
     assert max(values["num_turns/max"] for values in partial_run.metrics.values()) >= 4
     conversation = killed_conversation(partial_run.directory)
+    # The killed replica's vLLM engine process (a child of its server actor, holding the device's memory on a GPU)
+    # ended with it: none outlives the replica to fail the next one's free-memory check.
+    engines = conversation["engines"]
+    assert len(engines["engines"]) == 1 and engines["alive"] == [] and engines["ended_within_s"] < 10, engines
     # The tool call ran on the replica killed after it; the answer on the survivor (sent there at once, or
     # sent again after reaching the dead replica before the pool dropped it).
     first, *_, last = conversation["turn_replicas"]

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from faults import VLLM_ENGINE, process_running
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.workers.rollout.llm_server import LLMServerClient
@@ -811,3 +812,33 @@ def test_the_scale_command_rejects_bad_arguments(argv):
 
     with pytest.raises(SystemExit):
         _parse(argv)
+
+
+class VllmEngineHost:
+    """A replica's server as far as its engine goes: vLLM's ``AsyncLLM`` on the demo model, whose engine core runs
+    in a process of its own below this actor (on a GPU, the process that holds the device's memory)."""
+
+    def start(self, model: str) -> list[int]:
+        import psutil
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=model, enforce_eager=True, max_model_len=64, kv_cache_memory_bytes=64 << 20, dtype="float32"
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        return [child.pid for child in psutil.Process().children(recursive=True) if child.name() == VLLM_ENGINE]
+
+
+def test_a_removed_replicas_vllm_engine_process_ends_within_seconds(ray_shipping_servers, demo_assets):
+    """What a scale-down runs (``_shut_down``) ends the replica's engine too (a killed or dropped replica:
+    ``test_e2e_partial_on_cpu.py``); an engine that outlived it would keep its memory from the next replica."""
+    ray = ray_shipping_servers
+    server = ray.remote(VllmEngineHost).options(num_cpus=0).remote()
+    engines = ray.get(server.start.remote(demo_assets.model_dir), timeout=300)
+    assert len(engines) == 1
+    _shut_down(SimpleNamespace(workers=[], servers=[server], resource_pool=None))
+    deadline = time.monotonic() + 10
+    while any(process_running(pid) for pid in engines):
+        assert time.monotonic() < deadline, f"vLLM engine {engines} still runs 10 s after its replica was removed"
+        time.sleep(0.2)

@@ -346,6 +346,29 @@ def test_a_reward_models_own_pool_counts_and_one_gpu_shares_its_device():
     assert preflight.too_few_devices(one_gpu, 1, "GPUs") is None
 
 
+def test_on_a_running_cluster_pools_no_placement_can_fit_are_refused_naming_what_ray_has_free():
+    """The task runner's check, after Ray starts and before any model loads: the same pure function for any cluster."""
+    config = compose_config("one_step_off_ppo_trainer", *QWEN_3B_LAYOUT)
+    two_nodes = {"a" * 40: {"GPU": 4.0, "CPU": 64.0}, "b" * 40: {"GPU": 4.0, "CPU": 64.0}}
+    assert preflight.pools_unplaceable(config, two_nodes) is None
+    # Six GPUs free on two nodes: fewer than the pools take.
+    short = {"a" * 40: {"GPU": 4.0}, "b" * 40: {"GPU": 2.0}}
+    assert preflight.pools_unplaceable(config, short).startswith(
+        "The pools cannot be placed on this Ray cluster: training pool 4 (4 on one node), rollout pool 4 (1 on one "
+        "node), total 8 GPU; Ray reports free 6 GPU (4 on node aaaaaaaa, 2 on node bbbbbbbb), at most 4 on one node."
+    )
+    # Eight GPUs free, one on each node: the rollout's replicas (1 GPU each) fit, the training group of 4 on one
+    # node does not.
+    spread = {str(node): {"GPU": 1.0} for node in range(8)}
+    assert "at most 1 on one node" in preflight.pools_unplaceable(config, spread)
+    two_on_one = compose_config("one_step_off_ppo_trainer", "trainer.n_gpus_per_node=1", "trainer.nnodes=4")
+    assert preflight.pools_unplaceable(two_on_one, spread) is None  # 4 training nodes of 1, 4 replicas of 1
+    # On CPU a pool's device is a Ray CPU; one-GPU mode shares its device by design.
+    cpu = compose_config("one_step_off_ppo_cpu")
+    assert "total 2 CPU; Ray reports free 1 CPU" in preflight.pools_unplaceable(cpu, {"n": {"CPU": 1.0}})
+    assert preflight.pools_unplaceable(compose_config("one_step_off_ppo_1gpu"), {"n": {"GPU": 1.0}}) is None
+
+
 @pytest.fixture
 def gpus(monkeypatch):
     """``gpus(n)``: torch sees ``n`` CUDA devices of 80 GiB; no Ray cluster to join (no address, no `ray start`)."""
@@ -467,3 +490,12 @@ def test_a_sync_that_does_not_fit_beside_vllm_warns_naming_both_numbers_and_the_
         "vLLM leaves 4.0 GiB of the GPU's 80.0 GiB (1 - actor_rollout_ref.rollout.gpu_memory_utilization=0.95)"
     )
     assert message.endswith("Lower update_weights_bucket_megabytes or gpu_memory_utilization.")
+
+
+def test_a_vision_language_model_without_torchvision_is_refused_naming_it(monkeypatch):
+    """transformers, vLLM and verl all import torchvision for a VLM; without it verl only warns (no processor)."""
+    monkeypatch.setattr(preflight, "_import", lambda module: f"no module named {module!r}")
+    problem = preflight.vision_problem("/models/vl", {"model_type": "qwen2_5_vl", "vision_config": {}})
+    assert "vision-language model (qwen2_5_vl)" in problem and "no module named 'torchvision'" in problem
+    assert "torchvision==0.28.0+cpu" in problem and "qwen-vl-utils" in problem
+    assert preflight.vision_problem("/models/text", {"model_type": "qwen2"}) is None

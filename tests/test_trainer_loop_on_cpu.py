@@ -9,6 +9,7 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
+import ray
 from omegaconf import OmegaConf
 from stub_trainer import EventLog, StubRollout, StubWeightSync, build_trainer, compose_config
 from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
@@ -23,6 +24,7 @@ from recipe.one_step_off_async.errors import (
 )
 from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
 from recipe.one_step_off_async.trainer.replica_start import ReplicaStart
+from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopManager
 from recipe.one_step_off_async.trainer.sync_manager import OneStepOffCheckpointManager
 
 TOTAL_STEPS = 6
@@ -448,10 +450,35 @@ def test_a_replica_start_that_never_finishes_fails_naming_the_pool_and_what_ray_
         start.servers()
     assert 0.25 <= time.monotonic() - began < FAIL_WITHIN_S
     assert str(caught.value).startswith(
-        "The rollout replicas did not start within 0.3 s (async_training.start_timeout_s): the rollout pool, "
+        "The rollout replicas did not start within 0.3 s (async_training.start_timeout_s): their pool, "
         "actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 4 devices, is not placed yet"
     )
     assert "Ray reports free: 2 GPU, 12 CPU." in str(caught.value)
+    never.set()
+
+
+def test_a_training_pool_or_reward_model_that_ray_never_places_fails_the_start_up_naming_its_pool(monkeypatch):
+    """verl waits on each placement group without a timeout (``RayResourcePool.get_placement_groups``)."""
+    never = threading.Event()
+    unplaced = SimpleNamespace(get_placement_groups=lambda device_name: never.wait())
+    placed = SimpleNamespace(get_placement_groups=lambda device_name: ["group"])
+    trainer = start_up(monkeypatch, False, lambda: None, lambda: None)
+    trainer.async_config = dataclasses.replace(trainer.async_config, start_timeout_s=0.2)
+    trainer.resource_pool_manager = SimpleNamespace(resource_pool_dict={"global_pool": placed, "critic": unplaced})
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 3.0})
+    with pytest.raises(
+        PipelineTimeoutError,
+        match=r"The training workers of verl's critic did not start within 0.2 s .*: their pool, "
+        r"trainer.nnodes x n_gpus_per_node = 1 x 2 devices, is not placed yet .*Ray reports free: 3 CPU",
+    ):
+        trainer._init_worker_groups()
+    monkeypatch.setattr(OneStepOffRewardLoopManager, "__init__", lambda self, **kwargs: never.wait())
+    with pytest.raises(
+        PipelineTimeoutError,
+        match=r"The reward model replicas did not start within 0.2 s .*: their "
+        r"pool, reward.reward_model.nnodes x n_gpus_per_node",
+    ):
+        trainer._init_reward_loop()
     never.set()
 
 

@@ -139,8 +139,8 @@ class AsyncTrainingConfig:
     start_timeout_s: float = field(
         default=1800.0,
         metadata={
-            "help": "Longest the rollout replicas may take to be placed and start their engines at launch; the run "
-            "then fails naming the rollout pool and what Ray has free.",
+            "help": "Longest each start-up wait at launch may take (the training pool placed, the rollout and "
+            "reward-model replicas placed and started); the run then fails naming the pool and what Ray has free.",
             "check": SECONDS,
         },
     )

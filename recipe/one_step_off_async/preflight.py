@@ -3,9 +3,10 @@
 ``missing_backends`` names every Python module the selected rollout engine, checkpoint engine and attention import
 that is missing, with the key that selected it and the pip command (``REQUIREMENTS``; on CPU, vLLM's CPU build).
 ``machine_problems`` adds a CUDA config where torch sees no GPU (naming a driver too old for it) and pools larger
-than a cluster the launch starts here (``too_few_devices``: verl would wait on Ray's placement forever), and warns
-when a weight sync may not fit beside vLLM on a rollout GPU. ``data_file_problems`` reads the local data files'
-parquet footers. Without them, each shows up minutes into a launch, inside a worker. ``scripts/check_gpu_deps.py``
+than a cluster the launch starts here (``too_few_devices``: verl would wait on Ray's placement forever; the task runner
+checks the running cluster with ``pools_unplaceable``), and warns when a weight sync may not fit beside vLLM on a
+rollout GPU; ``vision_problem`` names the torchvision a vision-language model needs. ``data_file_problems`` reads
+the local data files' parquet footers. Without them, each shows up minutes into a launch, inside a worker. ``scripts/check_gpu_deps.py``
 resolves the ``gpu`` extra against ``REQUIREMENTS`` without a GPU.
 """
 
@@ -279,6 +280,34 @@ def too_few_devices(config: DictConfig, available: int, counted: str) -> str | N
     )
 
 
+def pools_unplaceable(config: DictConfig, free: dict[str, dict[str, float]]) -> str | None:
+    """The problem of pools that cannot be placed on a running cluster, given what Ray reports ``free`` on each node
+        (``available_resources_per_node``), or None. Each training or reward-model group takes ``n_gpus_per_node``
+        devices of one node, each rollout replica its world size (tp x dp x pp) of one node, or whole nodes when larger
+    than a node's ``n_gpus_per_node``. Refused only when no
+        placement can exist: more devices than the cluster has free, or a group larger than any node's free devices
+        (a placement that exists but is hard to find is left to the bounded waits). Pure."""
+    if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
+        return None
+    resource = {"cpu": "CPU", "npu": "NPU"}.get(config.trainer.device, "GPU")
+    rollout, devices = config.actor_rollout_ref.rollout, pool_devices(config)
+    replica = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    largest = {name: OmegaConf.select(config, f"{POOLS[name]}.n_gpus_per_node") for name in devices}
+    largest["rollout pool"] = min(replica, rollout.n_gpus_per_node)  # a larger replica spans nodes
+    per_node = {node: resources.get(resource, 0.0) for node, resources in free.items()}
+    most = max(per_node.values(), default=0.0)
+    if sum(devices.values()) <= sum(per_node.values()) and max(largest.values(), default=0) <= most:
+        return None
+    pools = ", ".join(f"{name} {count} ({largest[name]} on one node)" for name, count in devices.items())
+    shown = ", ".join(f"{count:g} on node {node[:8]}" for node, count in per_node.items()) or "no node"
+    return (
+        f"The pools cannot be placed on this Ray cluster: {pools}, total {sum(devices.values())} {resource}; Ray "
+        f"reports free {sum(per_node.values()):g} {resource} ({shown}), at most {most:g} on one node. verl would wait "
+        "for them forever. Free the devices, add nodes, or make the pools smaller "
+        f"({', '.join(f'{POOLS[name]}.nnodes x n_gpus_per_node' for name in devices)})."
+    )
+
+
 def _devices_here(config: DictConfig) -> tuple[int, str] | None:
     """The devices of the pools' kind a Ray cluster started here would have, and who counted them; None when the
     launch joins a running cluster (whose nodes this machine cannot count), or this machine has none to count."""
@@ -346,6 +375,33 @@ def _model_config(path: str) -> dict:
         return {}
 
 
+# Where a vision-language model imports torchvision (transformers 5.9.0, vLLM 0.27.0, verl 0.9.1), not optional.
+VISION_NEEDS_TORCHVISION = (
+    "transformers' Qwen2-VL video processor, without which AutoProcessor loads no processor "
+    "(video_processing_qwen2_vl.py), vLLM's Qwen2-VL family (vllm/model_executor/models/qwen2_vl.py imports "
+    "transformers' torchvision image processor) and qwen_vl_utils, which verl's dataset and agent loop call for "
+    "images (verl/utils/dataset/rl_dataset.py)"
+)
+
+
+def vision_problem(model_path: str, model_config: dict) -> str | None:
+    """Why this machine cannot run the model when it is a vision-language model (a ``vision_config``), or None.
+
+    Without torchvision verl's ``hf_processor`` (``verl/utils/tokenizer/tokenizer.py``) only warns and returns no
+    processor, and the launch fails minutes later in a worker, far from the cause."""
+    if "vision_config" not in model_config:
+        return None
+    problem = _import("torchvision") or _find("qwen_vl_utils")
+    if not problem:
+        return None
+    return (
+        f"actor_rollout_ref.model.path={model_path} is a vision-language model "
+        f"({model_config.get('model_type')}); it needs torchvision and qwen-vl-utils: {VISION_NEEDS_TORCHVISION}. "
+        f"Here: {problem}. Install the torchvision built for this torch (on CPU torchvision==0.28.0+cpu from "
+        "https://download.pytorch.org/whl/cpu: PyPI's is a CUDA build) and pip install qwen-vl-utils"
+    )
+
+
 def machine_problems(config: DictConfig) -> Problems:
     """What this machine lacks of what the config needs (a CUDA device torch can use, the devices the pools take on a
     cluster the launch starts here, the backends' modules); warns when an nccl sync may not fit beside vLLM on a GPU."""
@@ -364,6 +420,9 @@ def machine_problems(config: DictConfig) -> Problems:
     if (here := _devices_here(config)) and (problem := too_few_devices(config, *here)):
         found.not_here.append(problem)
     found.not_here += [f"Not installed on this machine: {line}" for line in missing_backends(config)]
+    model_path = config.actor_rollout_ref.model.path
+    if problem := vision_problem(model_path, _model_config(model_path)):
+        found.not_here.append(problem)
     return found
 
 

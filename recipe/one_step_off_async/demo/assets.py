@@ -6,7 +6,8 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
     model/          tokenizer + Qwen2 weights + generation_config.json (load with from_pretrained)
     reward_model/   tokenizer + a Qwen2 sequence classifier (one label): reward.reward_model.model_path
     tool_model/     the model above, fine-tuned to call the demo's tool (tool_task.py)
-    {,graded_,long_tail_,heavy_tail_,tool_}{train,val}.parquet   the tasks' splits in verl's RL format
+    vision_model/   a tiny Qwen2.5-VL, randomly initialised, with its tokenizer and processor (vision_task.py)
+    {,graded_,long_tail_,heavy_tail_,tool_,vision_}{train,val}.parquet   the tasks' splits in verl's RL format
     long_tail_agent_loop.yaml   registers the long-tail tasks' agent loop (long_tail.py)
     manifest.json   what was built and the warm start's val accuracy; written last
 
@@ -36,7 +37,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from recipe.one_step_off_async.demo import long_tail, tool_task
+from recipe.one_step_off_async.demo import long_tail, tool_task, vision_task
 from recipe.one_step_off_async.demo.evaluate import model_accuracy
 from recipe.one_step_off_async.demo.model import init_model, init_reward_model, save_model
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
@@ -54,14 +55,15 @@ from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_s
 logger = logging.getLogger(__name__)
 
 # v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task;
-# v4: no reward model; v5: no tool-use task; v6: no heavy-tail task
-ASSETS_VERSION = "v7"
+# v4: no reward model; v5: no tool-use task; v6: no heavy-tail task; v7: no vision task
+ASSETS_VERSION = "v8"
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
 MODEL_SUBDIR = "model"
 REWARD_MODEL_SUBDIR = "reward_model"
 TOOL_MODEL_SUBDIR = "tool_model"
+VISION_MODEL_SUBDIR = "vision_model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,9 @@ class DemoAssets:
     tool_train_file: str
     tool_val_file: str
     tool_function_path: str  # actor_rollout_ref.rollout.multi_turn.function_tool_path (tools.py)
+    vision_model_dir: str  # the vision task (vision_task.py): a tiny Qwen2.5-VL with its processor
+    vision_train_file: str
+    vision_val_file: str
 
     def verl_overrides(self) -> list[str]:
         """Hydra overrides of verl's ppo_trainer config that select these assets."""
@@ -169,6 +174,7 @@ def _build(out_dir: Path, seed: int) -> None:
         *long_tail.write_splits(out_dir, seed).values(),
         *long_tail.write_splits(out_dir, seed, long_tail.HEAVY_TAIL).values(),
         *tool_task.write_splits(problems, out_dir).values(),
+        *vision_task.write_splits(out_dir, seed).values(),
     ]
     agent_loop_config = long_tail.write_agent_loop_config(out_dir)
     val_rows = to_rows(problems["val"], "val")
@@ -181,11 +187,13 @@ def _build(out_dir: Path, seed: int) -> None:
         tool_task.warm_start_tool_use(model, tokenizer, problems["train"], seed)
     save_model(model, tokenizer, out_dir / TOOL_MODEL_SUBDIR)
     save_model(init_reward_model(tokenizer, seed + 1), tokenizer, out_dir / REWARD_MODEL_SUBDIR)
+    vision_task.build_model_dir(out_dir / VISION_MODEL_SUBDIR, seed)
     # A data file's field of DemoAssets is its name's stem and "_file" (train.parquet: train_file).
     files = {f"{path.stem}_file": path.name for path in data_files} | {
         "model_dir": MODEL_SUBDIR,
         "reward_model_dir": REWARD_MODEL_SUBDIR,
         "tool_model_dir": TOOL_MODEL_SUBDIR,
+        "vision_model_dir": VISION_MODEL_SUBDIR,
         "long_tail_agent_loop_config": agent_loop_config.name,
     }
     manifest = {

@@ -142,8 +142,9 @@ def _merged_lora_per_tensor_param(self):
 def patch_merged_lora_dtype() -> None:
     """``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine._merged_lora_per_tensor_param``: the LoRA-merged
     weights a sync sends are cast to bf16 (full weights keep their dtype), so a LoRA run's fp32 CPU rollout would
-    sample from rounded weights (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Send them in the
-    model's dtype (verl's own kept as ``verl_original``, which a test runs beside it)."""
+    sample from rounded weights (probabilities off by up to 3e-3 at staleness 0 instead of 1e-6). Produce them in the
+    model's dtype, which the actor worker casts to ``rollout.dtype`` as it does full weights (``trainer/workers.py``;
+    verl's own kept as ``verl_original``, which a test runs beside it)."""
     from verl.workers.engine.fsdp import transformer_impl
 
     engine = transformer_impl.FSDPEngine

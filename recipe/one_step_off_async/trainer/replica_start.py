@@ -1,10 +1,12 @@
-"""The rollout replicas' start-up, begun while the training workers start and load the model, and bounded.
+"""The start-up's waits on Ray, bounded: the rollout replicas (begun while the training workers start), the training
+pools' placement and the reward model's replicas.
 
 verl starts the rollout after the actor so that vLLM sees the memory the actor left on a shared GPU. Here the pools
 are disjoint (but for ``async_training.one_gpu``), so the replicas' start-up overlaps the actor's: the trainer begins
-it in ``_init_worker_groups`` and takes the replicas in ``_init_async_rollout_manager``. verl waits on a replica's
-placement without a timeout; ``servers`` waits at most ``async_training.start_timeout_s`` from the start-up's
-beginning, then fails naming the rollout pool and what Ray reports free.
+it in ``_init_worker_groups`` and takes the replicas in ``_init_async_rollout_manager``. verl waits on every
+placement group without a timeout; here each wait lasts at most ``async_training.start_timeout_s``, then fails
+naming the pool and what Ray reports free (the task runner first refuses pools no placement can fit,
+``preflight.pools_unplaceable``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import ray
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from recipe.one_step_off_async.trainer.deadlines import in_background, wait_for
+from recipe.one_step_off_async.trainer.deadlines import call_with_deadline, in_background, wait_for
 
 _log = logging.getLogger(__name__)
 
@@ -66,11 +68,29 @@ class ReplicaStart:
         return LLMServerManager.create(config=self.config)
 
     def _timed_out(self) -> str:
-        rollout, free = self.config.actor_rollout_ref.rollout, self.free_resources()
-        shown = ", ".join(f"{free[name]:g} {name}" for name in ("GPU", "NPU", "CPU") if name in free) or "nothing"
-        return (
-            f"The rollout replicas did not start within {self.timeout_s:g} s (async_training.start_timeout_s): the "
-            f"rollout pool, actor_rollout_ref.rollout.nnodes x n_gpus_per_node = {rollout.nnodes} x "
-            f"{rollout.n_gpus_per_node} devices, is not placed yet or still loading; Ray reports free: {shown}. Free the "
-            "devices, make the rollout pool smaller, or raise async_training.start_timeout_s for slow engine loads."
+        return not_started(
+            "rollout replicas", "actor_rollout_ref.rollout", self.config, self.timeout_s, self.free_resources
+        )
+
+
+def not_started(what: str, section: str, config: DictConfig, timeout_s: float, free_resources=None) -> str:
+    """Why a start-up wait ended: the pool of ``section`` (its nnodes x n_gpus_per_node) and what Ray has free."""
+    pool, free = OmegaConf.select(config, section), (free_resources or ray.available_resources)()
+    shown = ", ".join(f"{free[name]:g} {name}" for name in ("GPU", "NPU", "CPU") if name in free) or "nothing"
+    return (
+        f"The {what} did not start within {timeout_s:g} s (async_training.start_timeout_s): their pool, "
+        f"{section}.nnodes x n_gpus_per_node = {pool.nnodes} x {pool.n_gpus_per_node} devices, is not placed yet or "
+        f"still loading; Ray reports free: {shown}. Free the devices, make the pool smaller, or raise "
+        "async_training.start_timeout_s for slow loads."
+    )
+
+
+def place_pools(config: DictConfig, pools: dict, timeout_s: float, device_name: str) -> None:
+    """Place verl's training pools (``ResourcePoolManager.resource_pool_dict``) now, each within ``timeout_s``: the
+    worker groups then take the groups placed (``RayResourcePool.get_placement_groups`` keeps them)."""
+    for name, pool in pools.items():
+        call_with_deadline(
+            lambda pool=pool: pool.get_placement_groups(device_name=device_name),
+            timeout_s,
+            lambda name=name: not_started(f"training workers of verl's {name}", "trainer", config, timeout_s),
         )

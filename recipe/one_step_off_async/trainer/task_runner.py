@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe.one_step_off_async.cluster import node_local_problem
 from recipe.one_step_off_async.errors import ConfigError, WorkerLostError
+from recipe.one_step_off_async.preflight import pools_unplaceable
 
 
 @ray.remote(num_cpus=1)
@@ -39,6 +40,8 @@ class OneStepOffTaskRunner:
         print(f"OneStepOffTaskRunner pid {os.getpid()}")
         if problem := node_local_problem(config, {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}):
             raise ConfigError(problem)
+        if problem := pools_unplaceable(config, ray._private.state.available_resources_per_node()):
+            raise ConfigError(problem)  # before any model loads (verl's own check counts GPUs in total only)
         pprint(OmegaConf.to_container(config, resolve=True))
         role_worker_mapping = {Role.ActorRollout: ray.remote(OneStepOffActorRolloutRefWorker)}
         if need_critic(config):

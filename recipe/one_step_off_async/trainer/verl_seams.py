@@ -18,7 +18,8 @@ from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_asser
 from recipe.one_step_off_async.trainer.clients import rollout_client
 from recipe.one_step_off_async.trainer.configured_class import qualified_name
 from recipe.one_step_off_async.trainer.console import with_compact_console
-from recipe.one_step_off_async.trainer.replica_start import ReplicaStart
+from recipe.one_step_off_async.trainer.deadlines import call_with_deadline
+from recipe.one_step_off_async.trainer.replica_start import ReplicaStart, not_started, place_pools
 from recipe.one_step_off_async.trainer.sync_manager import checkpoint_manager_class
 
 
@@ -102,13 +103,20 @@ class DisjointPoolsTrainer(SeparateRayPPOTrainer):
         """
         from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopManager
 
-        self.reward_loop_manager = OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None)
+        timeout_s = self.async_config.start_timeout_s
+        self.reward_loop_manager = call_with_deadline(
+            lambda: OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None),
+            timeout_s,
+            lambda: not_started("reward model replicas", "reward.reward_model", self.config, timeout_s),
+        )
 
     def _init_worker_groups(self) -> None:
         self.replica_start = ReplicaStart(
             self.config, overlap=not self.async_config.one_gpu, timeout_s=self.async_config.start_timeout_s
         )
         self.replica_start.begin()  # on disjoint pools the replicas start while the actor's workers do (replica_start.py)
+        pools = self.resource_pool_manager.resource_pool_dict
+        place_pools(self.config, pools, self.async_config.start_timeout_s, self.device_name)
         super()._init_worker_groups()
 
     def _init_async_rollout_manager(self) -> None:
