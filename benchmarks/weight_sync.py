@@ -28,8 +28,14 @@ over all sizes prints the two numbers; the smallest size also gets its split by 
   ``lm_head`` to the embedding, but ``module.state_dict()``, which verl's FSDP actor sends, holds both,
   so the bytes include ``lm_head.weight``. ``--dtype float32`` sends what the FSDP2 actor holds; a
   line per shape gives the median sync time and the GB/s it implies (bytes / sync time).
-- ``--json PATH`` also writes every size's syncs, medians and GB/s and the fit, for scripts
-  (``scripts/gpu_verify.sh``).
+- ``--dtype float32,bfloat16``: every size synced in each dtype, alternating on the same ranks (side by
+  side, as ``--keep-group both`` alternates; the weights of a dtype loaded again at each switch, so that
+  one dtype's copy is held at a time), and a line per size and dtype with the median of each sync's time
+  over the same repetition's in the first dtype (``bfloat16/float32``): what a sync cast to the rollout's
+  dtype (bf16 on the GPU profiles) saves against the FSDP2 actor's fp32. Sender and receivers hold the
+  weights in the sync's dtype (the cast itself is not timed).
+- ``--json PATH`` also writes every size's syncs, medians and GB/s and the fit per group mode and dtype,
+  and each later dtype's time ratio to the first, for scripts (``scripts/gpu_verify.sh``).
 
 Why: a sync of the 0.4M-parameter demo model takes ~0.05 s on CPU and 0.36-0.55 s on an H100, all
 of it fixed cost; this separates the fixed part from the per-byte part and shows the phases.
@@ -41,12 +47,17 @@ How (from the repository root):
     python -m benchmarks weight-sync --backend nccl --receivers 1 --bucket-mb 64
     python -m benchmarks weight-sync --backend nccl --receivers 1 --dtype float32 --reps 2 \\
         --shape qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-3b --json sync.json    # 13.6 GB a copy at 3B: ~40 GB of GPU
+    python -m benchmarks weight-sync --receivers 1 --reps 3 --keep-group on \\
+        --shape qwen2.5-0.5b --dtype float32,bfloat16                     # fp32 against bf16, side by side
+    python -m benchmarks weight-sync --backend nccl --receivers 1 --reps 2 \\
+        --shape qwen2.5-3b --dtype float32,bfloat16 --json sync.json      # the same on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -72,6 +83,15 @@ QWEN2_5_SHAPES = {
     "qwen2.5-1.5b": (1536, 8960, 28, 151936, 12, 2),
     "qwen2.5-3b": (2048, 11008, 36, 151936, 16, 2),
 }
+
+
+def dtype_names(text: str) -> list[str]:
+    """``--dtype``: comma-separated torch dtypes, the first the one the others are compared with."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if not isinstance(getattr(torch, name, None), torch.dtype)]
+    if unknown or not names or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"dtype(s) {names}: distinct torch dtypes, e.g. float32,bfloat16")
+    return names
 
 
 def shape_names(text: str) -> list[str]:
@@ -118,7 +138,9 @@ class RayRanks:
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     """Least squares of seconds = fixed + bytes / bandwidth, each point weighted by 1 / seconds^2
     (relative errors: on a busy machine the noise grows with the time, and unweighted the largest
-    sizes alone would set the fixed part). Returns (fixed seconds, bytes per second)."""
+    sizes alone would set the fixed part). Returns (fixed seconds, bytes per second); NaNs from one size."""
+    if len({x for x, _ in points}) < 2:
+        return float("nan"), float("nan")
     weights = [1 / y**2 for _, y in points]
     total = sum(weights)
     mean_x = sum(w * x for w, (x, _) in zip(weights, points, strict=True)) / total
@@ -128,11 +150,11 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return mean_y - slope * mean_x, (1 / slope if slope > 0 else float("inf"))
 
 
-def bench(args, modes: tuple[bool, ...], shapes: list[dict]) -> dict[bool, list[list[Sync]]]:
-    """Every size, each repetition running every mode (keep the group or not) in turn on the same
-    ranks, so that the modes are compared side by side. Each timed sync follows an untimed one in
-    the same mode (the first sync after switching to a kept group builds it). Returns, per mode,
-    the timed syncs of each size."""
+def bench(args, dtypes: list[str], modes: tuple[bool, ...], shapes: list[dict]) -> dict[tuple, list[list[Sync]]]:
+    """Every size, each repetition running every dtype and mode (keep the group or not) in turn on the same
+    ranks, so that they are compared side by side; a dtype's weights are loaded when a repetition switches to
+    it. Each timed sync follows an untimed one in the same dtype and mode (the first sync after switching to a
+    kept group builds it). Returns, per (dtype, mode), the timed syncs of each size."""
     receivers = args.receivers
     everyone = range(1 + receivers)
     kwargs = {"bucket_size": args.bucket_mb << 20}
@@ -140,36 +162,50 @@ def bench(args, modes: tuple[bool, ...], shapes: list[dict]) -> dict[bool, list[
         ranks = ProcessRanks([{"gloo": {**kwargs, "timeout_s": 300, "is_master": rank == 0}} for rank in everyone])
     else:
         ranks = RayRanks([{**kwargs, "is_master": rank == 0} for rank in everyone])
-    results: dict[bool, list[list[Sync]]] = {keep: [] for keep in modes}
+    results: dict[tuple, list[list[Sync]]] = {(dtype, keep): [] for dtype in dtypes for keep in modes}
     version = 0
     try:
         for shape in shapes:
-            nbytes = ranks.get([ranks.submit(rank, "load", shape, args.dtype, rank == 0) for rank in everyone])[0]
-            for keep in modes:
-                results[keep].append([])
+            for syncs in results.values():
+                syncs.append([])
+            nbytes, loaded = {}, None
             for _ in range(args.reps):
-                for keep in modes:
-                    ranks.get([ranks.submit(rank, "keep_group", keep) for rank in everyone])
-                    for timed in (False, True):
-                        version += 1
-                        sync = run_sync(ranks, nbytes, version)
-                        if timed:
-                            results[keep][-1].append(sync)
+                for dtype in dtypes:
+                    if dtype != loaded:
+                        nbytes[dtype] = ranks.get(
+                            [ranks.submit(rank, "load", shape, dtype, rank == 0) for rank in everyone]
+                        )[0]
+                        loaded = dtype
+                    for keep in modes:
+                        ranks.get([ranks.submit(rank, "keep_group", keep) for rank in everyone])
+                        for timed in (False, True):
+                            version += 1
+                            sync = run_sync(ranks, nbytes[dtype], version)
+                            if timed:
+                                results[dtype, keep][-1].append(sync)
             params = sum(torch.Size(s).numel() for s in shape.values())
-            line = f"  {params / 1e6:7.2f}M params {nbytes / 1e6:7.1f} MB:"
-            for keep in modes:
-                syncs = results[keep][-1]
-                line += (
-                    f"  {MODE[keep]} {statistics.median(s.total for s in syncs) * 1e3:7.1f} ms"
-                    f" (transfer {statistics.median(s.transfer for s in syncs) * 1e3:6.1f})"
-                )
-            if len(modes) == 2:
-                ratios = [off.total / on.total for off, on in zip(results[False][-1], results[True][-1], strict=True)]
-                line += f"  rebuilt/kept {statistics.median(ratios):.2f}"
-            print(line, flush=True)
+            for dtype in dtypes:
+                line = f"  {params / 1e6:7.2f}M params {dtype:<9} {nbytes[dtype] / 1e6:7.1f} MB:"
+                for keep in modes:
+                    syncs = results[dtype, keep][-1]
+                    line += (
+                        f"  {MODE[keep]} {statistics.median(s.total for s in syncs) * 1e3:7.1f} ms"
+                        f" (transfer {statistics.median(s.transfer for s in syncs) * 1e3:6.1f})"
+                    )
+                if len(modes) == 2:
+                    line += f"  rebuilt/kept {ratio(results[dtype, False][-1], results[dtype, True][-1]):.2f}"
+                if dtype != dtypes[0]:
+                    baseline = results[dtypes[0], modes[-1]][-1]
+                    line += f"  {dtype}/{dtypes[0]} {ratio(results[dtype, modes[-1]][-1], baseline):.2f}"
+                print(line, flush=True)
     finally:
         ranks.close()
     return results
+
+
+def ratio(syncs: list[Sync], baseline: list[Sync]) -> float:
+    """The median of each sync's time over the baseline's sync of the same repetition (side by side)."""
+    return statistics.median(s.total / b.total for s, b in zip(syncs, baseline, strict=True))
 
 
 MODE = {False: "rebuilt", True: "kept"}
@@ -196,7 +232,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--bucket-mb", type=int, default=None, help="default: 16 for gloo (the CPU profile), 2048 for nccl (verl's)"
     )
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument(
+        "--dtype",
+        type=dtype_names,
+        default=["bfloat16"],
+        help="the weights' dtype, or several comma-separated, synced side by side and compared with the first "
+        "(float32,bfloat16)",
+    )
     parser.add_argument("--reps", type=int, default=5, help="timed syncs per size, after one warm-up sync")
     parser.add_argument("--max-params", type=float, default=200e6, help="skip grid configs larger than this")
     parser.add_argument(
@@ -226,62 +268,81 @@ def main(argv: list[str]) -> None:
     shapes = [shapes[i] for i in chosen]
     labels = [args.shape[i] if args.shape else f"{sizes[i] / 1e6:.2f}M" for i in chosen]
     print(
-        f"{args.backend}: 1 sender -> {args.receivers} receiver(s), {args.dtype}, bucket {args.bucket_mb} MiB, "
-        f"{args.reps} timed syncs per size and mode, each after an untimed one; {os.cpu_count()} CPU cores, load average "
-        f"{os.getloadavg()[0]:.2f}"
+        f"{args.backend}: 1 sender -> {args.receivers} receiver(s), {','.join(args.dtype)}, "
+        f"bucket {args.bucket_mb} MiB, "
+        f"{args.reps} timed syncs per size, dtype and mode, each after an untimed one; {os.cpu_count()} CPU cores, "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.keep_group]
-    itemsize = getattr(torch, args.dtype).itemsize
-    nbytes_per_size = [sum(torch.Size(s).numel() for s in shape.values()) * itemsize for shape in shapes]
+    nbytes = {dtype: [sizes[i] * getattr(torch, dtype).itemsize for i in chosen] for dtype in args.dtype}
     print("sync time per size, median (rebuilt: a new group every sync; kept: the group kept across syncs):")
-    results = bench(args, modes, shapes)
+    results = bench(args, args.dtype, modes, shapes)
+    runs = [(dtype, keep) for dtype in args.dtype for keep in modes]
     print("fit: sync time = fixed + bytes / bandwidth")
-    for keep in modes:
+    for dtype, keep in runs:
         points = [
-            (nbytes, statistics.median(s.total for s in syncs))
-            for nbytes, syncs in zip(nbytes_per_size, results[keep], strict=True)
+            (n, statistics.median(s.total for s in syncs))
+            for n, syncs in zip(nbytes[dtype], results[dtype, keep], strict=True)
         ]
         fixed, bandwidth = fit(points)
-        print(f"  group {MODE[keep]:<8} fixed {fixed * 1e3:7.1f} ms   bandwidth {bandwidth / 1e9:6.2f} GB/s")
+        print(f"  group {MODE[keep]:<8} {dtype:<9} fixed {fixed * 1e3:7.1f} ms   bandwidth {bandwidth / 1e9:6.2f} GB/s")
     print(f"phases at the smallest size ({sizes[chosen[0]] / 1e6:.2f}M params), driver-side and engine-reported:")
-    for keep in modes:
-        print_phases(f"group {MODE[keep]}", results[keep][0])
+    for dtype, keep in runs:
+        print_phases(f"group {MODE[keep]}, {dtype}", results[dtype, keep][0])
     if args.shape:
         print("per shape: median sync (first prepare to last finalize), bytes / sync time")
-        for label, nbytes, syncs in zip(labels, nbytes_per_size, results[modes[-1]], strict=True):
-            seconds = statistics.median(s.total for s in syncs)
-            print(f"  {label:<14} {nbytes / 1e9:6.2f} GB  {seconds:7.3f} s  {nbytes / seconds / 1e9:6.2f} GB/s")
+        first = args.dtype[0]
+        for i, label in enumerate(labels):
+            for dtype in args.dtype:
+                syncs = results[dtype, modes[-1]][i]
+                seconds = statistics.median(s.total for s in syncs)
+                gigabytes = nbytes[dtype][i] / 1e9
+                line = (
+                    f"  {label:<14} {dtype:<9} {gigabytes:6.2f} GB  {seconds:7.3f} s  {gigabytes / seconds:6.2f} GB/s"
+                )
+                if dtype != first:
+                    line += f"  {ratio(syncs, results[first, modes[-1]][i]):.2f} of {first}'s time"
+                print(line)
     if args.json:
-        write_json(args, modes, labels, nbytes_per_size, results)
+        write_json(args, modes, labels, nbytes, results)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 
-def write_json(args, modes, labels: list[str], nbytes_per_size: list[int], results) -> None:
-    """Every size's timed syncs (seconds), their medians, the GB/s they imply, and the fit, per group mode."""
+def write_json(args, modes, labels: list[str], nbytes: dict[str, list[int]], results) -> None:
+    """Per group mode and dtype: every size's timed syncs (seconds), their medians, the GB/s they imply, and the
+    fit; a later dtype's sizes also give their time ratio to the first dtype's (``ratio``: side by side)."""
     summary = {
         "backend": args.backend,
         "receivers": args.receivers,
-        "dtype": args.dtype,
+        "dtypes": args.dtype,
         "bucket_mb": args.bucket_mb,
         "reps": args.reps,
         "groups": {},
     }
     for keep in modes:
-        sizes = []
-        for label, nbytes, syncs in zip(labels, nbytes_per_size, results[keep], strict=True):
-            seconds = statistics.median(s.total for s in syncs)
-            transfer = statistics.median(s.transfer for s in syncs)
-            sizes.append(
-                {
-                    "name": label,
-                    "bytes": nbytes,
-                    "sync_s": [s.total for s in syncs],
-                    "median_sync_s": seconds,
-                    "median_transfer_s": transfer,
-                    "gb_per_s": nbytes / seconds / 1e9,
-                    "transfer_gb_per_s": nbytes / transfer / 1e9,
-                }
-            )
-        fixed, bandwidth = fit([(size["bytes"], size["median_sync_s"]) for size in sizes])
-        summary["groups"][MODE[keep]] = {"sizes": sizes, "fit_fixed_s": fixed, "fit_gb_per_s": bandwidth / 1e9}
+        summary["groups"][MODE[keep]] = group = {}
+        for dtype in args.dtype:
+            sizes = []
+            for i, (label, syncs) in enumerate(zip(labels, results[dtype, keep], strict=True)):
+                seconds = statistics.median(s.total for s in syncs)
+                transfer = statistics.median(s.transfer for s in syncs)
+                sizes.append(
+                    {
+                        "name": label,
+                        "bytes": nbytes[dtype][i],
+                        "sync_s": [s.total for s in syncs],
+                        "median_sync_s": seconds,
+                        "median_transfer_s": transfer,
+                        "gb_per_s": nbytes[dtype][i] / seconds / 1e9,
+                        "transfer_gb_per_s": nbytes[dtype][i] / transfer / 1e9,
+                    }
+                )
+                if dtype != args.dtype[0]:
+                    sizes[-1]["time_ratio_to_first_dtype"] = ratio(syncs, results[args.dtype[0], keep][i])
+            fixed, bandwidth = fit([(size["bytes"], size["median_sync_s"]) for size in sizes])
+            group[dtype] = {
+                "sizes": sizes,
+                "fit_fixed_s": fixed if math.isfinite(fixed) else None,
+                "fit_gb_per_s": bandwidth / 1e9 if math.isfinite(bandwidth) else None,
+            }
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")

@@ -14,6 +14,8 @@ and the cheapest one measures end to end.
 - ``gloo-engine`` with the smallest synthetic model (1 layer, hidden 64: 8 MB of bf16), one receiver, 1 MiB
   buckets (several per sync) and one repetition, receivers loading into their model: every line of its
   report, numbers as numbers, not their values (timings on a shared machine say nothing).
+- ``weight-sync --dtype float32,bfloat16`` on the two smallest grid sizes, one receiver, one repetition: each
+  size synced in both dtypes side by side, a line per size and dtype, the time ratio, and the JSON.
 - ``compare-verl``'s settings for verl's V1 ``separate_async`` against what verl's code and config ask for (its
   batch and sync-step rule, the logging call that needs INFO off, the TransferQueue version), and the timers
   and metric keys it reads from V1; both of verl's trainers composed with its overrides roll out as the recipe's
@@ -36,7 +38,16 @@ import pytest
 from e2e import main_until_ray
 
 import benchmarks
-from benchmarks import BENCHMARKS, HELPERS, command_name, compare_verl, gloo_engine, learning, partial_rollout
+from benchmarks import (
+    BENCHMARKS,
+    HELPERS,
+    command_name,
+    compare_verl,
+    gloo_engine,
+    learning,
+    partial_rollout,
+    weight_sync,
+)
 from benchmarks.__main__ import main as benchmarks_main
 from recipe.one_step_off_async import runs
 
@@ -194,6 +205,39 @@ def test_the_gloo_engine_benchmark_reports_every_line(capsys):
     assert len(lines) == len(expected), lines
     for line, pattern in zip(lines, expected, strict=True):
         assert re.fullmatch(pattern, line), (pattern, line)
+
+
+@pytest.mark.slow  # two spawned ranks that import verl: ~20 s on 2 idle cores, more under load
+def test_the_weight_sync_benchmark_compares_dtypes_side_by_side(tmp_path, capsys):
+    """``--dtype float32,bfloat16`` on the two smallest grid sizes, one repetition: a line per size and dtype, the
+    later dtype's with its time ratio to the first, half the bytes; the fit and phases per dtype; the JSON too."""
+    out = tmp_path / "sync.json"
+    weight_sync.main(
+        ["--receivers", "1", "--reps", "1", "--max-params", "0.5e6", "--keep-group", "on"]
+        + ["--dtype", "float32,bfloat16", "--json", str(out)]
+    )
+
+    lines = capsys.readouterr().out.splitlines()
+    n = NUMBER
+    sizes = [line for line in lines if re.fullmatch(rf" +{n}M params \w+ +{n} MB:  kept .*", line)]
+    assert [line.split()[2] for line in sizes] == ["float32", "bfloat16"] * 2, lines
+    for fp32, bf16 in zip(sizes[::2], sizes[1::2], strict=True):
+        assert "/" not in fp32 and re.search(rf"  bfloat16/float32 {n}$", bf16), (fp32, bf16)
+        assert float(bf16.split()[3]) == pytest.approx(float(fp32.split()[3]) / 2, abs=0.1)  # MB
+    assert [line.split()[2] for line in lines if line.startswith("  group kept ")] == ["float32", "bfloat16"]
+    assert "  group kept, bfloat16: median of 1 syncs" in lines
+    summary = json.loads(out.read_text())
+    assert summary["dtypes"] == ["float32", "bfloat16"] and list(summary["groups"]) == ["kept"]
+    fp32, bf16 = (summary["groups"]["kept"][dtype]["sizes"] for dtype in summary["dtypes"])
+    assert [size["bytes"] for size in bf16] == [size["bytes"] // 2 for size in fp32]
+    assert all(size["time_ratio_to_first_dtype"] > 0 for size in bf16)
+    assert all("time_ratio_to_first_dtype" not in size for size in fp32)
+
+
+def test_the_weight_sync_benchmark_refuses_an_unknown_dtype(capsys):
+    with pytest.raises(SystemExit):
+        weight_sync.main(["--dtype", "float32,bf16"])
+    assert "distinct torch dtypes" in capsys.readouterr().err
 
 
 def test_the_partial_rollout_grid_runs_today_at_staleness_1_and_partial_at_the_staleness_asked(launches, tmp_path):

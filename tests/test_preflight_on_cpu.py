@@ -350,23 +350,37 @@ def test_on_a_running_cluster_pools_no_placement_can_fit_are_refused_naming_what
     """The task runner's check, after Ray starts and before any model loads: the same pure function for any cluster."""
     config = compose_config("one_step_off_ppo_trainer", *QWEN_3B_LAYOUT)
     two_nodes = {"a" * 40: {"GPU": 4.0, "CPU": 64.0}, "b" * 40: {"GPU": 4.0, "CPU": 64.0}}
-    assert preflight.pools_unplaceable(config, two_nodes) is None
+    assert preflight.pools_unplaceable(config, two_nodes, "GPU") is None
     # Six GPUs free on two nodes: fewer than the pools take.
     short = {"a" * 40: {"GPU": 4.0}, "b" * 40: {"GPU": 2.0}}
-    assert preflight.pools_unplaceable(config, short).startswith(
-        "The pools cannot be placed on this Ray cluster: training pool 4 (4 on one node), rollout pool 4 (1 on one "
-        "node), total 8 GPU; Ray reports free 6 GPU (4 on node aaaaaaaa, 2 on node bbbbbbbb), at most 4 on one node."
+    assert preflight.pools_unplaceable(config, short, "GPU").startswith(
+        "The pools cannot be placed on this Ray cluster: training pool 4, rollout pool 4, total 8 GPU, the training "
+        "pool 4 on each of its nodes; Ray reports free 6 GPU (4 on node aaaaaaaa, 2 on node bbbbbbbb), at most 4 on "
+        "one node."
     )
-    # Eight GPUs free, one on each node: the rollout's replicas (1 GPU each) fit, the training group of 4 on one
-    # node does not.
+    # Eight GPUs free, one on each node: the training pool's 4 must share a node (verl's STRICT_PACK); replicas of
+    # one GPU, a reward model's too, go anywhere.
     spread = {str(node): {"GPU": 1.0} for node in range(8)}
-    assert "at most 1 on one node" in preflight.pools_unplaceable(config, spread)
-    two_on_one = compose_config("one_step_off_ppo_trainer", "trainer.n_gpus_per_node=1", "trainer.nnodes=4")
-    assert preflight.pools_unplaceable(two_on_one, spread) is None  # 4 training nodes of 1, 4 replicas of 1
+    assert "at most 1 on one node" in preflight.pools_unplaceable(config, spread, "GPU")
+    four_nodes_of_one = compose_config("one_step_off_ppo_trainer", "trainer.n_gpus_per_node=1", "trainer.nnodes=4")
+    assert preflight.pools_unplaceable(four_nodes_of_one, spread, "GPU") is None
+    reward = (
+        "reward.reward_model.enable=true",
+        "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=4",
+    )
+    small = ("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n_gpus_per_node=2")
+    two_each = {str(node): {"GPU": 2.0} for node in range(4)}
+    assert (
+        preflight.pools_unplaceable(compose_config("one_step_off_ppo_trainer", *small, *reward), two_each, "GPU")
+        is None
+    )
     # On CPU a pool's device is a Ray CPU; one-GPU mode shares its device by design.
     cpu = compose_config("one_step_off_ppo_cpu")
-    assert "total 2 CPU; Ray reports free 1 CPU" in preflight.pools_unplaceable(cpu, {"n": {"CPU": 1.0}})
-    assert preflight.pools_unplaceable(compose_config("one_step_off_ppo_1gpu"), {"n": {"GPU": 1.0}}) is None
+    assert "total 2 CPU, the training pool 1 on each of its nodes; Ray reports free 1 CPU" in (
+        preflight.pools_unplaceable(cpu, {"n": {"CPU": 1.0}}, "CPU")
+    )
+    assert preflight.pools_unplaceable(compose_config("one_step_off_ppo_1gpu"), {"n": {"GPU": 1.0}}, "GPU") is None
 
 
 @pytest.fixture

@@ -451,7 +451,8 @@ def test_a_replica_start_that_never_finishes_fails_naming_the_pool_and_what_ray_
     assert 0.25 <= time.monotonic() - began < FAIL_WITHIN_S
     assert str(caught.value).startswith(
         "The rollout replicas did not start within 0.3 s (async_training.start_timeout_s): their pool, "
-        "actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 4 devices, is not placed yet"
+        "actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 4 devices, is not placed yet or its processes are "
+        "still starting"
     )
     assert "Ray reports free: 2 GPU, 12 CPU." in str(caught.value)
     never.set()
@@ -473,6 +474,7 @@ def test_a_training_pool_or_reward_model_that_ray_never_places_fails_the_start_u
     ):
         trainer._init_worker_groups()
     monkeypatch.setattr(OneStepOffRewardLoopManager, "__init__", lambda self, **kwargs: never.wait())
+    OmegaConf.update(trainer.config, "reward.reward_model.enable", True)
     with pytest.raises(
         PipelineTimeoutError,
         match=r"The reward model replicas did not start within 0.2 s .*: their "

@@ -1,9 +1,10 @@
 """The recipe's actor worker sends each sync at the rollout's precision (``trainer/workers.py``).
 
-Plain calls: the cast against the one vLLM applies when it loads an fp32 tensor into a bf16 model, the worker's
-``update_weights`` on a stub engine and checkpoint engine, and cupy's pool freed after the nccl engine's ``finalize``. ``test_e2e_elastic_on_cpu.py`` runs it end to end (a bf16
-rollout on vLLM's CPU build, merged LoRA, the ``checkpoint`` engine); the last test fails when verl's own
-``update_weights`` changes what the override repeats.
+Plain calls: the cast against the one vLLM applies when it loads an fp32 tensor into a bf16 model, the model types
+it applies to (vLLM's model files read for fp32 parameters), the worker's ``update_weights`` on a stub engine and
+checkpoint engine (a test fails when verl's own ``update_weights`` changes what the override repeats), and cupy's pool
+freed after the nccl engine's ``finalize``. ``test_e2e_trainer_features_on_cpu.py`` runs a bf16 rollout on vLLM's
+CPU build end to end.
 
     pytest tests/test_trainer_workers_on_cpu.py   # ~5 s
 """
@@ -19,7 +20,13 @@ import pytest
 import torch
 import verl
 
-from recipe.one_step_off_async.trainer.workers import SENT_MBYTES, OneStepOffActorRolloutRefWorker, in_dtype
+from recipe.one_step_off_async.trainer.workers import (
+    CAST_MODEL_TYPES,
+    SENT_MBYTES,
+    OneStepOffActorRolloutRefWorker,
+    in_dtype,
+    sync_dtype,
+)
 
 
 def _weights() -> list[tuple[str, torch.Tensor]]:
@@ -37,7 +44,7 @@ def test_the_cast_is_the_one_vllm_applies_when_it_loads_fp32_into_a_bf16_model()
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     sent = [0]
-    cast = dict(in_dtype(_weights(), "bfloat16", sent))
+    cast = dict(in_dtype(_weights(), sync_dtype("bfloat16", "qwen2"), sent))
     for name, fp32 in _weights():
         if not fp32.is_floating_point():
             assert torch.equal(cast[name], fp32) and cast[name].dtype == fp32.dtype
@@ -50,12 +57,32 @@ def test_the_cast_is_the_one_vllm_applies_when_it_loads_fp32_into_a_bf16_model()
     assert sent[0] == (as_stored - integers) // 2 + integers  # half the floating-point bytes
 
 
-@pytest.mark.parametrize("name", ["float32", "auto"])
-def test_an_fp32_rollout_and_vllms_auto_get_the_tensors_as_stored(name):
+@pytest.mark.parametrize(("name", "model_type"), [("float32", "qwen2"), ("auto", "qwen2"), ("bfloat16", "deepseek_v3")])
+def test_an_fp32_rollout_vllms_auto_and_a_model_vllm_keeps_partly_in_fp32_get_the_tensors_as_stored(name, model_type):
     sent = [0]
-    for (_, ours), (_, stored) in zip(in_dtype(_weights(), name, sent), _weights(), strict=True):
+    for (_, ours), (_, stored) in zip(
+        in_dtype(_weights(), sync_dtype(name, model_type), sent), _weights(), strict=True
+    ):
         assert ours.dtype == stored.dtype and torch.equal(ours, stored)
     assert sent[0] == sum(tensor.nbytes for _, tensor in _weights())
+
+
+def test_the_cast_model_types_are_those_whose_vllm_model_holds_no_fp32_parameter():
+    """vLLM keeps some parameters in fp32 whatever its dtype (DeepSeek's e_score_correction_bias, GLM-4.5's router):
+    rounding those to bf16 would change what the rollout computes. A model file that declares fp32 (or uses vLLM's
+    fp32 LayerNorm) takes its type off ``CAST_MODEL_TYPES``."""
+    import importlib
+    import inspect
+
+    for model_type in CAST_MODEL_TYPES:
+        source = inspect.getsource(importlib.import_module(f"vllm.model_executor.models.{model_type}"))
+        assert "float32" not in source and "torch.float)" not in source, model_type
+        assert "import LayerNorm" not in source and " LayerNorm(" not in source, model_type
+    deepseek = inspect.getsource(importlib.import_module("vllm.model_executor.models.deepseek_v2"))
+    assert "float32" in deepseek and "deepseek_v2" not in CAST_MODEL_TYPES  # the reason for the list
+    with pytest.raises(ValueError, match=r"rollout.dtype=bf16 is none of vLLM's"):
+        sync_dtype("bf16", "qwen2")
+    assert sync_dtype("BFloat16", "llama") is torch.bfloat16 and sync_dtype("half", "qwen3") is torch.float16
 
 
 class _Engine:
@@ -73,7 +100,10 @@ def _worker(backend: str) -> SimpleNamespace:
     config = SimpleNamespace(
         rollout=SimpleNamespace(dtype="bfloat16", checkpoint_engine=SimpleNamespace(backend=backend))
     )
-    engine = SimpleNamespace(get_per_tensor_param=lambda: ((item for item in _weights()), None))
+    engine = SimpleNamespace(
+        get_per_tensor_param=lambda: ((item for item in _weights()), None),
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="qwen2")),
+    )
     return SimpleNamespace(config=config, actor=SimpleNamespace(engine=engine), checkpoint_engine=_Engine())
 
 

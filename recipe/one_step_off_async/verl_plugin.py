@@ -10,9 +10,6 @@ recipe listed there, so it is the one place that decides what of the recipe runs
 - the weight-sync engines ``gloo`` and ``checkpoint`` in verl's ``CheckpointEngineRegistry``, so that
   ``rollout.checkpoint_engine.backend=gloo`` (or ``checkpoint``) works with no ``custom_backend_module``;
 - ROLL's off-policy losses in verl's policy-loss registry.
-
-``activate(config)`` does the same in the driver (before Ray starts) and returns the environment
-every Ray worker needs (``launch.prepare_config`` puts it in Ray's runtime env).
 """
 
 from __future__ import annotations

@@ -2,21 +2,18 @@
 
 What: a prompt ``repeat c`` asks for the letter ``c`` written over a response budget; the reward is the
 share of the budget written as ``c`` (partial credit, so it is learnable from the demo model's first
-guesses). Budgets are lognormal, capped at ``MAX_RESPONSE_LENGTH``, in two shapes (``TailShape``):
-
-- ``LONG_TAIL``: one budget per problem, median 48 tokens, p99 about ten times that (profile
-  ``one_step_off_ppo_cpu_long_tail``);
-- ``HEAVY_TAIL``: each training sample draws its own budget around its problem's, so lengths vary within a group
-  too: median 32, p99 at the cap, about 3% of the samples there (``one_step_off_ppo_cpu_generation_bound``).
+guesses). Budgets are lognormal, capped at ``MAX_RESPONSE_LENGTH``, in two shapes (``TailShape``): ``LONG_TAIL``,
+one budget per problem, p99 about ten times the median (profile ``one_step_off_ppo_cpu_long_tail``), and
+``HEAVY_TAIL``, where each training sample draws its own budget around its problem's, so lengths vary within a group
+too, about 3% of the samples at the cap (``one_step_off_ppo_cpu_generation_bound``).
 
 Why: the sort task's answers are at most 6 tokens, so no batch has a tail; math reasoning and agent rollouts do
 (the replicas idle while the longest run). These tasks put that shape through the real entry point, reproducibly,
 for the partial-rollout benchmark (``python -m benchmarks partial-rollout``) and its tests.
 
-How: a row carries its problem's budget (``extra_info.response_budget``) and the spread of its samples'
-budgets around it (``extra_info.budget_sigma``, 0 for one budget per problem). The rows name
-``long_tail_agent_loop.BudgetedAgentLoop``, which generates exactly the sample's budget and hands it to the
-reward (``scored_budget``, ``score_repeat``). This module imports no verl (the reward loads it).
+How: the rows name ``long_tail_agent_loop.BudgetedAgentLoop``, which generates exactly the sample's budget
+(``SampleBudgets``) and hands it to the reward (``scored_budget``, ``score_repeat``). This module imports no verl
+(the reward loads it).
 """
 
 from __future__ import annotations

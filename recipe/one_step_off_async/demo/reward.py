@@ -2,8 +2,8 @@
 
 What: ``compute_score`` scores a decoded response with the scorer of its row's task (by ``data_source``):
 the sort task's, exact or graded (``task.py``), the long-tail tasks' (``long_tail.py``), the tool-use
-task's (``tool_task.py``), the vision task's (``vision_task.py``). verl's reward managers decode the response with ``skip_special_tokens=True``,
-so a sort answer that never emits ``<|im_end|>`` carries the tokens sampled after it and scores 0.0.
+task's (``tool_task.py``), the vision task's (``vision_task.py``). verl's reward managers decode the response
+with ``skip_special_tokens=True``, so a sort answer that never emits ``<|im_end|>`` carries the tokens sampled after it and scores 0.0.
 
 Why a file of its own: verl loads the function from a file path (``custom_reward_function.path``, which
 ``reward_function_path`` returns; ``custom_reward_function.name=compute_score``).

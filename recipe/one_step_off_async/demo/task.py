@@ -1,4 +1,4 @@
-"""The demo task: sort five letters. Problem generation, verl's RL parquet format, answer checking.
+"""The demo task: sort five letters. Problem generation, verl's RL parquet format (``write_splits``), answer checking.
 
 What: a prompt ``sort dbeca`` asks for the letters in alphabetical order, duplicates kept (``abcde``;
 ``sort abcab`` -> ``aabbc``). Letters come from ``a``-``j``, so about 70% of the problems contain a repeated
@@ -11,9 +11,6 @@ rewards in practice; the off-policy correction is measured on both.
 Why this task: prompts (18 tokens with the chat template) and answers (at most 6 tokens incl.
 eos) are short, so a 0.4M-parameter model trains in seconds on one CPU core, and repeated letters
 give the warm start a natural, systematic mistake for RL to fix (see ``warm_start.py``).
-
-How: ``write_splits(split_problems(seed), out_dir)`` writes ``train.parquet`` and ``val.parquet`` in verl's
-RL format.
 """
 
 import random
@@ -69,13 +66,10 @@ class Problem:
 
 def split_problems(seed: int) -> dict[str, list[Problem]]:
     """Disjoint ``train`` and ``val`` lists of distinct problems, the same lists for the same ``seed``."""
-    problems = []
-    for code in random.Random(seed).sample(range(len(ALPHABET) ** NUM_LETTERS), NUM_VAL + NUM_TRAIN):
-        letters = []
-        for _ in range(NUM_LETTERS):
-            code, digit = divmod(code, len(ALPHABET))
-            letters.append(ALPHABET[digit])
-        problems.append(Problem("".join(letters)))
+    base = len(ALPHABET)
+    codes = random.Random(seed).sample(range(base**NUM_LETTERS), NUM_VAL + NUM_TRAIN)
+    # A code's letters are its digits in base len(ALPHABET), the least significant first.
+    problems = [Problem("".join(ALPHABET[code // base**i % base] for i in range(NUM_LETTERS))) for code in codes]
     return {"val": problems[:NUM_VAL], "train": problems[NUM_VAL:]}
 
 

@@ -2,15 +2,9 @@
 
 What: the sort task's problems, in rows that name verl's ``tool_agent`` loop (``agent_name``); the tool
 ``sort_letters`` (``tools.py``, loaded by ``rollout.multi_turn.function_tool_path``) returns the letters
-sorted. A conversation, in hermes' tool-call format (``rollout.multi_turn.format=hermes``)::
-
-    user       sort dbeca
-    assistant  <tool_call>{"name": "sort_letters", "arguments": {"letters": "dbeca"}}</tool_call>
-    tool       abcde
-    assistant  abcde
-
-The reward (``score_final_answer``) is the sort task's, on the text after the last ``assistant`` header of the
-whole decoded multi-turn response.
+sorted, called in hermes' format (a conversation: docs/advance/one_step_off_async/pipeline.md, "Multi-turn tool
+use"). The reward (``score_final_answer``) is the sort task's, on the text after the last ``assistant`` header of
+the whole decoded multi-turn response.
 
 Why: multi-turn agentic rollouts are where uneven, long generations make asynchronous training pay
 most, and where each turn may run under different weights. This task puts verl's tool agent loop

@@ -31,13 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 from PIL import Image, ImageDraw
-from transformers import (
-    GenerationConfig,
-    PreTrainedTokenizerBase,
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-)
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from recipe.one_step_off_async.demo import task
 from recipe.one_step_off_async.demo.tokenizer import build_tokenizer
@@ -82,16 +76,21 @@ def build_vision_tokenizer() -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def image_processor() -> Qwen2VLImageProcessorPil:
-    """Qwen2-VL's image processor, every picture resized to ``IMAGE_SIZE`` square (its PIL backend: no torchvision)."""
+def image_processor():
+    """Qwen2-VL's image processor, every picture resized to ``IMAGE_SIZE`` square (its PIL backend: no torchvision;
+    imported here, as the model's classes are, so that the reward function's import of this module stays light)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     pixels = IMAGE_SIZE * IMAGE_SIZE
     return Qwen2VLImageProcessorPil(
         min_pixels=pixels, max_pixels=pixels, patch_size=PATCH_SIZE, temporal_patch_size=2, merge_size=MERGE_SIZE
     )
 
 
-def model_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2_5_VLConfig:
+def model_config(tokenizer: PreTrainedTokenizerBase):
     """The demo's text model (``model.py``) under a 2-layer vision tower; M-RoPE sections for its head size 32."""
+    from transformers import Qwen2_5_VLConfig
+
     token_id = tokenizer.convert_tokens_to_ids
     return Qwen2_5_VLConfig(
         text_config={
@@ -134,6 +133,8 @@ def build_model_dir(out_dir: str | Path, seed: int) -> None:
     The processor is saved part by part: transformers builds a ``Qwen2_5_VLProcessor`` only with its video
     processor, which needs torchvision; loading the folder with ``AutoProcessor`` does too (see the support matrix).
     """
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
     tokenizer = build_vision_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -265,17 +265,13 @@ class ElasticRolloutPool:
         }
 
     def publish(self, step: int) -> None:
+        live = [
+            {"rank": r.replica_rank, "address": a, "node": self._node_of[a], "serving_since_step": self._joined_at[a]}
+            for a, r in self.live.items()
+        ]
         status = {
             "step": step,
-            "live": [
-                {
-                    "rank": r.replica_rank,
-                    "address": a,
-                    "node": self._node_of[a],
-                    "serving_since_step": self._joined_at[a],
-                }
-                for a, r in self.live.items()
-            ],
+            "live": live,
             "starting": [s.rank for s in self._starting],
             "joining": [s.rank for s in self._joining],
             "leaving": [r.replica_rank for r, _ in self._leaving],

@@ -1,16 +1,15 @@
 """Both pools on ONE physical GPU: the recipe's GPU path (vLLM, nccl, FSDP2) on a workstation.
 
-    python -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_1gpu
-
 The actor and the rollout replica stay on disjoint Ray pools of one logical GPU each, time-sharing the physical
-device: for trying the GPU path before renting a node (its timings are not those of disjoint GPUs). Switched on
-by ``async_training.one_gpu=true`` (the profile sets it); three things make it work:
+device: for trying the GPU path before renting a node (docs/advance/one_step_off_async/deployment.md, "On one GPU").
+Switched on by ``async_training.one_gpu=true`` (``--config-name=one_step_off_ppo_1gpu`` sets it); three things make
+it work:
 
 - Ray gets two logical GPUs (``ray_init.num_gpus=2``) and ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``,
   so no worker has the device hidden from it.
 - verl 0.9.1 turns Ray's accelerator ids into ``LOCAL_RANK`` / ``set_device`` and into the vLLM server's
-  ``CUDA_VISIBLE_DEVICES``. The second logical GPU, "1", does not exist, so
-  ``RuntimeContext.get_accelerator_ids`` reports every GPU id as "0".
+  ``CUDA_VISIBLE_DEVICES``. The second logical GPU, "1", does not exist, so ``RuntimeContext.get_accelerator_ids``
+  reports every GPU id as "0".
 - NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). A ``NCCL_HOSTID`` of its own in
   every process makes NCCL treat them as two hosts, which talk over its socket transport.
 

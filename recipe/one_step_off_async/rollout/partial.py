@@ -1,16 +1,11 @@
 """The agent loops' client in partial-rollout mode: a request interrupted by a weight sync continues under the new weights.
 
-verl's ``CheckpointEngineManager.update_weights`` aborts every running request before it loads new
-weights and resumes generation after; an aborted request returns the tokens it sampled so far
-(``stop_reason="aborted"``). ``PartialRolloutClient`` sends it straight back as prompt + tokens so far, with
-``max_tokens`` lowered by what it already has, so the response budget holds; the replica recomputes the prefix
-under the new weights. No fixed sleep: a resubmission that arrives while the sync runs waits at the replica's
-closed admission gate and starts the moment generation resumes.
-
-Each segment's tokens keep the log-probs of the weights that sampled them, and the output records which
-version sampled which tokens as runs ``[[version, n_tokens], ...]`` (``VERSION_RUNS``, which the trainer checks)
-besides verl's ``min_global_steps`` / ``max_global_steps``; ``RECOMPUTED_PREFILL`` counts the prefix tokens
-prefilled again.
+verl's ``CheckpointEngineManager.update_weights`` aborts every running request before it loads new weights; an
+aborted request returns the tokens it sampled so far. ``PartialRolloutClient`` sends it straight back as prompt +
+tokens so far, with ``max_tokens`` lowered by what it already has, and records which version sampled which tokens
+as runs ``[[version, n_tokens], ...]`` (``VERSION_RUNS``, which the trainer checks) besides verl's
+``min_global_steps`` / ``max_global_steps``; ``RECOMPUTED_PREFILL`` counts the prefix tokens prefilled again.
+The mode and its contract: docs/advance/one_step_off_async/pipeline.md, "Partial rollout".
 
 Why not verl's ``FullyAsyncLLMServerClient``: it sleeps 1 s before each resubmission, records only min/max
 versions, and reads ``config.async_training.partial_rollout`` itself.
@@ -28,9 +23,8 @@ from verl.workers.rollout.replica import TokenOutput
 VERSION_RUNS = "weight_version_runs"
 RECOMPUTED_PREFILL = "recomputed_prefill_tokens"
 ABORTED = ("aborted", "abort")
-# An abort that returns no token (the request waited in a queue, or reached a replica turning requests away)
-# is resent at once; from the second in a row on, after a backoff (10 ms, doubling, at most 1 s); this many
-# in a row fail the request: a replica that aborts everything and never resumes would otherwise spin it.
+# An abort with no token (the request queued, or met a replica turning requests away) is resent, from the second in
+# a row on after a backoff of 10 ms doubling to 1 s; this many in a row fail it (a replica that never resumes).
 MAX_ABORTS_WITHOUT_PROGRESS = 30
 
 
@@ -45,11 +39,9 @@ def add_run(runs: list[list[int]], version: int, n_tokens: int) -> None:
 
 
 class PartialRolloutClient(LLMServerClient):
-    """verl's client, plus: a request aborted by a weight sync is resumed from its tokens so far.
-
-    The output's ``extra_fields`` are the last segment's, except ``SUMMED_FIELDS``, added up over the segments
-    (composed with the elastic client: ``trainer/clients.py``).
-    """
+    """verl's client, plus: a request aborted by a weight sync is resumed from its tokens so far. The output's
+    ``extra_fields`` are the last segment's, except ``SUMMED_FIELDS``, added up over the segments (composed with the
+    elastic client: ``trainer/clients.py``)."""
 
     SUMMED_FIELDS: tuple[str, ...] = ()
 

@@ -1,14 +1,12 @@
 """Multi-turn agent loops under the staleness contract: the weight version of every turn, not just the first.
 
-verl's ``ToolAgentLoop`` calls the rollout once per assistant turn and keeps the first turn's ``extra_fields``
-(plus the last turn's ``max_global_steps`` when truthy). ``VersionedToolAgentLoop`` is verl's loop plus a record of
-each turn: it aligns each turn's token versions with the response as verl aligns log-probs
-(``align_response_metadata``), and writes over all turns ``min_global_steps`` / ``max_global_steps``,
-``VERSION_RUNS`` of the model's tokens (partial rollout) and the per-request counters. Tool-response tokens carry no
-version. ``OneStepOffAgentLoopWorker`` maps ``tool_agent`` to it; ``OneStepOffAgentLoopManager`` starts those
-workers; ``agent_loop_manager_class`` is a user's subclass named by ``rollout.agent.agent_loop_manager_class``, else
-the recipe's (any other class is refused before Ray starts). ``tests/test_platforms_verl_compat_on_cpu.py`` fails
-when verl changes what this relies on.
+verl's ``ToolAgentLoop`` calls the rollout once per assistant turn and keeps the first turn's ``extra_fields``.
+``VersionedToolAgentLoop`` is verl's loop plus a record of each turn, its token versions aligned with the response as
+verl aligns log-probs (docs/advance/one_step_off_async/pipeline.md, "Multi-turn tool use"), written over all turns
+(``min_global_steps`` / ``max_global_steps``, ``VERSION_RUNS``, the per-request counters). ``OneStepOffAgentLoopWorker``
+maps ``tool_agent`` to it; ``OneStepOffAgentLoopManager`` starts those workers; ``agent_loop_manager_class`` is a user's
+subclass named by ``rollout.agent.agent_loop_manager_class``, else the recipe's (any other class is refused before Ray
+starts). ``tests/test_platforms_verl_compat_on_cpu.py`` fails when verl changes what this relies on.
 """
 
 from __future__ import annotations

@@ -68,10 +68,9 @@ def check_token_versions(step: int, output: DataProto, lowest: int, highest: int
     """Every response token of ``output`` (the batch for ``step``) was sampled by a version in [lowest, highest]
     (the bounds the settings ``contract`` describes gave).
 
-    The versions come from the partial-rollout client's runs ``[[version, n_tokens], ...]`` per sample, which
-    must cover the sample's response exactly (a token without a stamp could come from any version). Returns
-    the batch's version metrics: staleness ``(step - 1) - version`` weighted by tokens, the share of samples
-    sampled by more than one version, the widest span, and the prefix tokens prefilled again by resumptions.
+    The versions come from the partial-rollout client's runs ``[[version, n_tokens], ...]`` per sample, which must
+    cover the sample's response exactly (a token without a stamp could come from any version). Returns the batch's
+    version metrics (``async/staleness_*`` weighted by tokens, ``partial_ratio``, ``version_span_max``...).
     """
     runs = output.non_tensor_batch.get(VERSION_RUNS)
     if runs is None or any(sample_runs is None for sample_runs in runs):

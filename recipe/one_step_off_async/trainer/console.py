@@ -1,13 +1,11 @@
 """The console logger of a run: one line per step with what this recipe's users watch.
 
 verl's ``console`` backend prints every metric of a step on one line, over 1,000 characters here, so the step
-time, its split between generation, training and weight sync, and the staleness are lost in it. ``CompactConsole`` takes its place in verl's ``Tracking`` (the trainer swaps
-it in when ``async_training.console=compact``, the default) and prints at most ``MAX_LINE_CHARS``:
+time, its split between generation, training and weight sync, and the staleness are lost in it. ``CompactConsole``
+takes its place in verl's ``Tracking`` when ``async_training.console=compact`` (the default; ``verl`` brings verl's
+line back) and prints at most ``MAX_LINE_CHARS``; every metric still goes to the other loggers (file, wandb, ...):
 
     step 12/60 | 0.48s: wait 0.10 train 0.35 sync 0.03 | gen 0.41s | staleness 1 | score 0.532 | val 0.610 | len 65
-
-Every metric still goes to the other configured loggers (file, wandb, ...); ``async_training.console=verl``
-brings verl's own console line back.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Deadlines on the driver's waits: every wait fails with a named error instead of hanging.
 
-verl's ``fit()`` waits forever on a hung rollout replica in its first weight sync and in validation. The
-trainer's weight-sync manager bounds its syncs with ``call_with_deadline``, the rollout manager is wrapped once
-(``BoundedRolloutManager``), the pipeline bounds its own waits with ``wait_for`` and so does the replicas'
-start-up (``replica_start.ReplicaStart``): each fails after
-``async_training``'s timeouts naming what was awaited, or at once when a rollout engine dies (checked every
-``CHECK_EVERY_S``). A call that times out keeps running on its daemon thread until the process exits (a Ray
-call cannot be cancelled from the caller); the run fails right away and Ray tears the workers down.
+verl's ``fit()`` waits forever on a hung rollout replica in its first weight sync and in validation. The trainer's
+weight-sync manager bounds its syncs with ``call_with_deadline``, the rollout manager is wrapped once
+(``BoundedRolloutManager``), the pipeline bounds its own waits with ``wait_for`` and so does the replicas' start-up
+(``replica_start.ReplicaStart``): each fails after ``async_training``'s timeouts naming what was awaited, or at once
+when a rollout engine dies (checked every ``CHECK_EVERY_S``). A call that times out keeps running on its daemon thread
+until the process exits (a Ray call cannot be cancelled from the caller); the run fails right away and Ray tears the
+workers down.
 """
 
 from __future__ import annotations

@@ -22,10 +22,8 @@ _log = logging.getLogger(__name__)
 
 
 def engine_failure(server: Any) -> str | None:
-    """Run inside a replica's server actor: why its engine cannot serve, or None.
-
-    vLLM's ``AsyncLLM`` says ``errored`` once its engine process is gone.
-    """
+    """Run inside a replica's server actor: why its engine cannot serve, or None (vLLM's ``AsyncLLM`` says
+    ``errored`` once its engine process is gone)."""
     engine = getattr(server, "engine", None)
     if engine is not None and getattr(engine, "errored", False):
         return f"its {type(engine).__name__} engine died ({engine.dead_error!r})"

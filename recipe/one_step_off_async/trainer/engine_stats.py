@@ -4,10 +4,8 @@ Each vLLM server keeps Prometheus counters of its engine's scheduler when ``roll
 once per step in the server's actor (``vllm_engine_counters``): engine steps, tokens (one per running request per
 step) and prefill (a resumed request's prefix again). Their differences over the step give
 ``rollout/slot_occupancy``, mean sequences sampling per engine step / ``max_num_seqs`` (how full the engines ran,
-whatever the hardware), and the sums behind it (``rollout/tokens``, ``slot_steps``, ``prefill_tokens``).
-
-A server that reports none of these (SGLang, vLLM with its stats off), whose process died or that does not answer
-within ``READ_TIMEOUT_S`` is skipped: no metric rather than a made-up one, and no trainer held up.
+whatever the hardware), and the sums behind it (``rollout/tokens``, ``slot_steps``, ``prefill_tokens``). A server
+that reports none (SGLang, vLLM with its stats off), died or is silent past ``READ_TIMEOUT_S`` is skipped.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Generation running ``staleness`` batches ahead of training, behind the train-dataloader seam.
 
-verl's ``fit()`` loop is ``for batch in self.train_dataloader: self.fit_step(batch)``. The trainer
-replaces its train dataloader with a ``RolloutPipeline``: iterating it still yields one item per
-training step, in data order, but each item's generation was launched ``staleness`` steps
-earlier on the rollout pool. Before the first step the pipeline launches batches 1..s+1; every
-step of the trainer ends with ``launch_ahead()``, which launches batch k+s+1 with the weights step k
-synced, so while the actor trains on batch k+1, batches k+2..k+s+1 are in flight. The trainer
-drains them (``wait_idle``) before every weight sync, so a batch never straddles two weight
-versions and the batch trained at step k was generated with the weights after step k-1-s.
-
-Generation runs on one background thread, one batch after another, so rollout work stays in
-data order. With ``concurrent_batches`` (partial rollout) every batch in flight generates at once on a thread
-of its own, so the replicas' slots freed by one batch's finished samples take the next batch's
-requests instead of idling at its tail (the requests carry their step as priority: oldest first),
-and no sync waits for idle. The pipeline also owns resumption: ``state_dict()`` is the dataloader state from
-*before* the oldest batch not yet trained was drawn, so a run resumed from step N trains next on
-batch N+1 and regenerates the batches that were in flight (verl's own state is taken after
-prefetching, which skips batches on resume).
+verl's ``fit()`` loop is ``for batch in self.train_dataloader: self.fit_step(batch)``. The trainer replaces its train
+dataloader with a ``RolloutPipeline``: iterating it still yields one item per training step, in data order, but each
+item's generation was launched ``staleness`` steps earlier (the contract: docs/advance/one_step_off_async/pipeline.md).
+Generation runs on one background thread, so rollout work stays in data order; with ``concurrent_batches`` (partial
+rollout) every batch in flight generates at once on a thread of its own. The pipeline also owns resumption: its
+``state_dict()`` is the dataloader state from *before* the oldest batch not yet trained was drawn, so a resumed run
+regenerates the batches that were in flight (verl's own state is taken after prefetching, which skips them).
 """
 
 from __future__ import annotations
@@ -39,10 +29,9 @@ __all__ = ["Generated", "InFlightBatch", "RolloutPipeline", "expected_weight_ver
 def expected_weight_version(step: int, staleness: int, base: int, syncs_at: Callable[[int], bool]) -> int:
     """The weight version the batch of training step ``step`` is generated with: the contract.
 
-    The batch of step k is launched right after step k-1-s ends, so it carries the last version synced
-    at or before step k-1-s. ``base`` is the version the run started from (0, or N after a resume at
-    step N, synced before the first step); ``syncs_at(j)`` says whether step j pushes its weights
-    (every step with ``sync_interval`` 1).
+    The batch of step k is launched right after step k-1-s ends, so it carries the last version synced at or before
+    step k-1-s. ``base`` is the version the run started from (0, or N after a resume at step N, synced before the
+    first step); ``syncs_at(j)`` says whether step j pushes its weights (every step with ``sync_interval`` 1).
     """
     return next((j for j in range(step - 1 - staleness, base, -1) if syncs_at(j)), base)
 
@@ -193,10 +182,8 @@ class RolloutPipeline:
             batch.result(max(0.0, deadline - time.monotonic()), check)
 
     def busy_seconds(self, start: float, end: float) -> float:
-        """Seconds of the window [start, end] in which at least one finished generation was running.
-
-        Generations of concurrent batches overlap; their union is counted, so the result never exceeds the window.
-        """
+        """Seconds of the window [start, end] in which at least one finished generation was running (generations of
+        concurrent batches overlap: their union is counted, so the result never exceeds the window)."""
         clipped = sorted((max(start, s), min(end, f)) for s, f in list(self._finished) if min(end, f) > max(start, s))
         busy, covered_to = 0.0, start
         for begin, finish in clipped:

@@ -1,23 +1,10 @@
 """OneStepOffRayTrainer: verl's PPO step with generation ``staleness`` batches ahead of training.
 
-The actor (FSDP2, verl's engine worker with role ``actor``) lives on the trainer pool; rollout
-replicas live on their own pool (verl's standalone vLLM replicas; vLLM's CPU build on CPU). This class
-reuses verl's step template (``SeparateRayPPOTrainer.fit_step``: generate -> reward -> old log-prob
--> advantage -> update -> weight sync) and overrides only the seams that decide where a batch comes from
-and when weights move:
-
-- the train dataloader becomes a ``RolloutPipeline`` whose items already have their generation in
-  flight, so verl's ``fit()`` runs unmodified;
-- ``_fit_generate`` waits for the item's generation, then runs verl's own generation step on it;
-- ``_fit_update_weights`` lets the in-flight generations finish, then syncs weights v_k on the steps
-  ``SyncSchedule`` names (every ``sync_interval`` steps once the actor trains, and on validation and checkpoint
-  steps), so no sequence mixes two versions; with ``partial_rollout`` it syncs at once: the sync interrupts the
-  running requests, which continue under v_k (``rollout/partial.py``), and every token is checked against its
-  version bounds;
-- the step ends by launching the generation s+1 steps ahead (``_fit_postprocess_step``);
-- checkpoints store the pipeline's resume point, so resuming at step N trains batch N+1 next.
-
-staleness 0 is the synchronous baseline on the same pools and the same code: one queue slot.
+The actor trains on its own pool while the rollout replicas generate on theirs. This class keeps verl's step template
+(``SeparateRayPPOTrainer.fit_step``: generate -> reward -> old log-prob -> advantage -> update -> weight sync) and its
+``fit()`` unmodified, and overrides only the seams that decide where a batch comes from (a ``RolloutPipeline`` behind
+the train-dataloader seam, its generation already in flight) and when weights move (``SyncSchedule``). The contract and
+the modes (staleness 0 is the synchronous baseline; partial rollout): docs/advance/one_step_off_async/pipeline.md.
 
     rollout pool:  G1 | G2 ........ | G3 ........ | G4        (staleness 1)
     actor pool:       | T1 | S      | T2 | S      | T3 | S
@@ -104,14 +91,10 @@ class OneStepOffRayTrainer(DisjointPoolsTrainer):
 
     def _features(self) -> list[StepHooks]:
         """What the trainer calls at the named points of a step (``trainer/hooks.py``), in this order."""
-        servers = self.llm_server_manager.get_replicas
+        servers, experiment = self.llm_server_manager.get_replicas, self.config.trainer.experiment_name
         return [
             rollout_pool(
-                self.async_config,
-                self.llm_server_manager,
-                self.checkpoint_manager,
-                self.pool_controller,
-                self.config.trainer.experiment_name,
+                self.async_config, self.llm_server_manager, self.checkpoint_manager, self.pool_controller, experiment
             ),
             VersionContract(
                 self.async_config,

@@ -2,9 +2,8 @@
 
 The pipeline generated the step's batch ahead of time; the trainer still runs verl's own ``_fit_generate`` on
 it, so the response mask, batch balancing, token counts and multi-modal lengths are verl's. Inside that call
-the rollout manager is ``Replayed``: it hands back the finished output. (verl's step then asks the weight-sync
-manager to put the replicas to sleep; the trainer's manager leaves them generating the batches ahead:
-``sync_manager.OneStepOffCheckpointManager.sleep_replicas``.)
+the rollout manager is ``Replayed``: it hands back the finished output (verl's step then asks the weight-sync
+manager to put the replicas to sleep, which the trainer's leaves generating: ``sync_manager``).
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ class Replayed:
 
 @contextlib.contextmanager
 def replaying(trainer: Any, output: DataProto) -> Iterator[None]:
-    """Within the block, ``trainer``'s verl generation step gets ``output``.
-
-    Only the driver thread reads this attribute: the pipeline's thread holds its own reference to the real
-    rollout manager.
-    """
+    """Within the block, ``trainer``'s verl generation step gets ``output`` (only the driver thread reads this
+    attribute: the pipeline's thread holds its own reference to the real rollout manager)."""
     saved, trainer.async_rollout_manager = trainer.async_rollout_manager, Replayed(output)
     try:
         yield

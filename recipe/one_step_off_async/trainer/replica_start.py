@@ -73,15 +73,17 @@ class ReplicaStart:
         )
 
 
-def not_started(what: str, section: str, config: DictConfig, timeout_s: float, free_resources=None) -> str:
+def not_started(
+    what: str, section: str, config: DictConfig, timeout_s: float, free_resources: Callable | None = None
+) -> str:
     """Why a start-up wait ended: the pool of ``section`` (its nnodes x n_gpus_per_node) and what Ray has free."""
     pool, free = OmegaConf.select(config, section), (free_resources or ray.available_resources)()
     shown = ", ".join(f"{free[name]:g} {name}" for name in ("GPU", "NPU", "CPU") if name in free) or "nothing"
     return (
         f"The {what} did not start within {timeout_s:g} s (async_training.start_timeout_s): their pool, "
         f"{section}.nnodes x n_gpus_per_node = {pool.nnodes} x {pool.n_gpus_per_node} devices, is not placed yet or "
-        f"still loading; Ray reports free: {shown}. Free the devices, make the pool smaller, or raise "
-        "async_training.start_timeout_s for slow loads."
+        f"its processes are still starting; Ray reports free: {shown}. Free the devices, make the pool smaller, or "
+        "raise async_training.start_timeout_s for slow loads."
     )
 
 

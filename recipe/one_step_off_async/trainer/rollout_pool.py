@@ -1,9 +1,7 @@
 """The trainer's view of the rollout pool at step boundaries, and the fixed pool it uses by default.
 
-The rollout pool is one of the trainer's features (``trainer/hooks.py``): the trainer tells it when a step
-boundary is reached, when the replicas are idle before a weight sync, and when the sync is done; the pool
-reports metrics and names a failure it caused. A fixed pool (the default) changes nothing: its replicas serve
-for the whole run and a lost one fails it. The elastic pool (``elastic/pool.py``,
+The rollout pool is one of the trainer's features (``trainer/hooks.py``). A fixed pool (the default) changes
+nothing: its replicas serve for the whole run and a lost one fails it. The elastic pool (``elastic/pool.py``,
 ``async_training.elastic.enable=true``) has the same hooks and changes who serves at those boundaries.
 """
 

@@ -1,14 +1,11 @@
 """When the actor's weights move to the rollout, and the weight versions each batch must then carry.
 
-``SyncSchedule`` says which steps push weights: every ``sync_interval`` steps once the actor trains, and every
-step that validates or saves a checkpoint (validation at step k evaluates v_k; a checkpoint at step k leaves the
-rollout at v_k, so a run resumed from it continues with the versions of the uninterrupted run). Its conditions
-are verl's (``_fit_validate``, ``_fit_save_checkpoint``, less the unpredictable ESI-expiry save);
-``tests/test_platforms_verl_compat_on_cpu.py`` notices when verl's change.
-
-During the critic's warm-up (``trainer.critic_warmup`` = W) the actor does not update before step W, so its
-weights are still v_0's: as verl's ``_fit_update_weights`` does, steps before W push nothing (but a validation
-or checkpoint step, for the reasons above), and the batches launched then carry the last version synced.
+``SyncSchedule`` says which steps push weights: every ``sync_interval`` steps once the actor trains, and every step that
+validates or saves a checkpoint (validation at step k evaluates v_k; a checkpoint at step k leaves the rollout at v_k,
+so a run resumed from it continues with the versions of the uninterrupted run); its conditions are verl's
+(``tests/test_platforms_verl_compat_on_cpu.py`` notices when they change). During the critic's warm-up
+(``trainer.critic_warmup`` = W) the actor's weights are still v_0's: as in verl's ``_fit_update_weights``, steps before
+W push nothing (but a validation or checkpoint step), and the batches launched then carry the last version synced.
 
 ``VersionContract`` checks every generated batch against the schedule and reports the versions it measured.
 """

@@ -3,7 +3,7 @@ timed, the replicas never put to sleep.
 
 verl's ``init_workers`` builds it from ``actor_rollout_ref.rollout.checkpoint_manager_class``: the recipe's
 ``OneStepOffCheckpointManager``, or a user's subclass of it (``checkpoint_manager_class``; any other class is
-refused before Ray starts). The trainer gives it its deadline (``set_deadline``).
+refused before Ray starts).
 """
 
 from __future__ import annotations
@@ -31,19 +31,11 @@ class OneStepOffCheckpointManager(CheckpointEngineManager):
 
     - ``update_weights`` fails with ``PipelineTimeoutError`` after ``async_training.sync_timeout_s``, and at once
       when a rollout engine dies (``trainer/deadlines.py``): verl's ``fit()`` syncs v_0 on the driver unbounded.
-    - Its metrics (merged into the step's) add the time of each phase of verl's ``update_weights``, measured by
-      overriding the methods it calls on ``self`` (``PHASE_METHODS``), so verl's method runs unmodified:
-
-          timing_s/sync/abort         abort_replicas: pause generation on every replica
-          timing_s/sync/worker_group  verl builds a temporary worker group of the rollout workers
-          timing_s/sync/release_kv    release_kv_cache_replicas
-          timing_s/sync/build_group   build_process_group: prepare, build_topology, init_process_group
-          timing_s/sync/transfer      send | receive and load into the rollout model, then finalize
-          timing_s/sync/resume        resume_kv_cache_replicas + resume_generation_replicas
-          timing_s/sync/total         the whole sync
-
-      verl drops what the rollout workers return, so for an engine with ``receive_metrics()`` (the recipe's)
-      it asks them afterwards and adds the slowest worker's numbers, timed as ``timing_s/sync/receiver_metrics``.
+    - Its metrics add ``timing_s/sync/<phase>`` for each phase of verl's ``update_weights`` (the phases:
+      docs/advance/one_step_off_async/weight_sync.md, "Where a sync's time goes"), measured by overriding the
+      methods it calls on ``self`` (``PHASE_METHODS``), so verl's method runs unmodified. verl drops what the
+      rollout workers return, so for an engine with ``receive_metrics()`` (the recipe's) it asks them afterwards
+      and adds the slowest worker's numbers, timed as ``timing_s/sync/receiver_metrics``.
     - ``sleep_replicas`` does nothing. verl's generation step, which the trainer runs on the pipeline's finished
       output (``trainer/replay.py``), puts the replicas to sleep to lend colocated devices to training; here they
       are on a pool of their own and already generate the batches ahead.

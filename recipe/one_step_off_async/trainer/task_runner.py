@@ -21,6 +21,7 @@ from recipe.one_step_off_async.preflight import pools_unplaceable
 @ray.remote(num_cpus=1)
 class OneStepOffTaskRunner:
     def run(self, config: DictConfig) -> None:
+        from verl.plugin.platform import get_platform
         from verl.trainer.ppo.utils import (
             Role,
             create_rl_dataset,
@@ -40,8 +41,9 @@ class OneStepOffTaskRunner:
         print(f"OneStepOffTaskRunner pid {os.getpid()}")
         if problem := node_local_problem(config, {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}):
             raise ConfigError(problem)
-        if problem := pools_unplaceable(config, ray._private.state.available_resources_per_node()):
-            raise ConfigError(problem)  # before any model loads (verl's own check counts GPUs in total only)
+        free = ray._private.state.available_resources_per_node()
+        if problem := pools_unplaceable(config, free, get_platform().ray_resource_name()):
+            raise ConfigError(problem)  # before any model loads (verl's own check counts the total only)
         pprint(OmegaConf.to_container(config, resolve=True))
         role_worker_mapping = {Role.ActorRollout: ray.remote(OneStepOffActorRolloutRefWorker)}
         if need_critic(config):

@@ -103,9 +103,15 @@ class DisjointPoolsTrainer(SeparateRayPPOTrainer):
         """
         from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopManager
 
+        def start() -> OneStepOffRewardLoopManager:
+            return OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None)
+
+        if not self.config.reward.reward_model.enable:  # no replicas to place: the loop's workers only
+            self.reward_loop_manager = start()
+            return
         timeout_s = self.async_config.start_timeout_s
         self.reward_loop_manager = call_with_deadline(
-            lambda: OneStepOffRewardLoopManager(config=self.config, rm_resource_pool=None),
+            start,
             timeout_s,
             lambda: not_started("reward model replicas", "reward.reward_model", self.config, timeout_s),
         )

@@ -8,7 +8,9 @@ fails if verl stops building the loss that way.
 verl's ``update_weights`` hands a checkpoint engine the FSDP actor's tensors as stored: fp32 on the GPU profiles,
 twice the bytes a bf16 rollout loads (vLLM casts each one on load). Here each floating-point tensor is cast to
 ``rollout.dtype`` as it is produced, the same round-to-nearest cast vLLM's loader applies, so every backend sends
-half the bytes and the rollout holds bit-for-bit what it would have loaded from fp32.
+half the bytes and the rollout holds bit-for-bit what it would have loaded from fp32. Only for the model types of
+``CAST_MODEL_TYPES``, whose vLLM models hold every parameter in the model's dtype; others (many MoE routers, kept in
+fp32 by vLLM) are sent as stored.
 
 verl's ``nccl`` engine allocates actor rank 0's two buckets with cupy (2 x ``update_weights_bucket_megabytes``, 4 GiB
 by default) and its ``finalize`` drops them but empties only torch's cache: cupy keeps the memory in its pool through
@@ -26,16 +28,28 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from recipe.one_step_off_async.losses import with_sample_scores
 
-SENT_MBYTES = "checkpoint_engine/tensor_mbytes"  # the tensors a sync sends, in rollout.dtype, with every backend
-ENGINE_DRIVEN_SYNCS = ("naive", "delta_sharded")  # verl's colocated sync, and the engine that produces its own deltas
+SENT_MBYTES = "checkpoint_engine/tensor_mbytes"  # the tensors a sync sends, with every backend
+SYNCS_LEFT_TO_VERL = ("naive", "delta_sharded")  # verl's colocated sync, and the engine that produces its own deltas
+# Model types whose vLLM model file (vllm/model_executor/models/<type>.py) declares no fp32 parameter, so that vLLM
+# holds every weight in rollout.dtype (tests/test_trainer_workers_on_cpu.py reads each file).
+CAST_MODEL_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "mistral", "phi3")
+# rollout.dtype as vLLM reads it (case-insensitive); "auto" is the model's own dtype: the tensors go as stored.
+VLLM_DTYPES = {"auto": None, "half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}
+VLLM_DTYPES |= {"float": torch.float32, "float32": torch.float32}
 
 
-def in_dtype(weights: Iterable[tuple[str, torch.Tensor]], dtype_name: str, sent: list[int]):
-    """``weights`` with each floating-point tensor cast to the torch dtype named ``dtype_name`` (integer buffers as
-    they are; all as they are for vLLM's ``auto``, the model's own dtype); ``sent[0]`` counts the bytes produced."""
-    dtype = getattr(torch, dtype_name, None)
+def sync_dtype(rollout_dtype: str, model_type: str) -> torch.dtype | None:
+    """The dtype a sync sends floating-point tensors in, or None to send them as stored."""
+    if rollout_dtype.lower() not in VLLM_DTYPES:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={rollout_dtype} is none of vLLM's {sorted(VLLM_DTYPES)}")
+    return VLLM_DTYPES[rollout_dtype.lower()] if model_type in CAST_MODEL_TYPES else None
+
+
+def in_dtype(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None, sent: list[int]):
+    """``weights`` with each floating-point tensor cast to ``dtype`` (integer buffers, and all for None, as they
+    are); ``sent[0]`` counts the bytes produced."""
     for name, tensor in weights:
-        if isinstance(dtype, torch.dtype) and tensor.is_floating_point() and tensor.dtype != dtype:
+        if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
             tensor = tensor.to(dtype)
         sent[0] += tensor.nbytes
         yield name, tensor
@@ -55,11 +69,11 @@ class OneStepOffActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     async def update_weights(self, global_steps: int | None = None, mode: str = "auto"):
         backend = self.config.rollout.checkpoint_engine.backend if mode == "auto" else mode
-        if backend in ENGINE_DRIVEN_SYNCS:
+        if backend in SYNCS_LEFT_TO_VERL:
             return await super().update_weights(global_steps=global_steps, mode=mode)
-        weights, _ = self.actor.engine.get_per_tensor_param()
-        sent = [0]
-        weights = in_dtype(weights, self.config.rollout.dtype, sent)
+        engine, sent = self.actor.engine, [0]
+        dtype = sync_dtype(self.config.rollout.dtype, engine.model_config.hf_config.model_type)
+        weights = in_dtype(engine.get_per_tensor_param()[0], dtype, sent)
         metrics = await self.checkpoint_engine.send_weights(weights, global_steps=global_steps) or {}
         return {SENT_MBYTES: sent[0] / 2**20, **metrics}
 

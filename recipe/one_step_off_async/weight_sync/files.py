@@ -7,17 +7,10 @@ back and yields ``(name, tensor)`` into the same in-place update path as the oth
 server adapter): no replica restart. The recipe's verl plugin registers it by name in every process:
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=checkpoint
-    +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.checkpoint.dir=/shared/fs/run42/weights  # optional
 
-How (the contract, and ``timeout_s``: docs/advance/one_step_off_async/weight_sync.md): ``prepare()`` on actor rank 0 names each
-sync with a fresh id. Actor rank 0 removes the versions in the folder (the last one was loaded by every
-receiver: its sync returned), then writes ``v<global_steps>-<sync id>/shard-<i>.safetensors`` into a ``.tmp``
-folder renamed into place at the end, so no receiver ever sees a half-written version. A rollout worker waits
-up to ``timeout_s`` for its sync's folder (a version of another run or an earlier sync is never loaded) and
-reads as many shards as the writer counted. ``dir`` defaults to a fresh folder per run under ``/dev/shm``,
-removed by the next writer on the node once its writer is gone (Ray kills workers, so no exit handler runs).
-
-``python -m benchmarks checkpoint-engine`` measures its throughput against the gloo engine's.
+The contract (layout, atomic versions, garbage collection, errors, the default folder's cleanup, ``dir`` and
+``timeout_s``) is docs/advance/one_step_off_async/weight_sync.md. ``python -m benchmarks checkpoint-engine``
+measures its throughput against the gloo engine's.
 """
 
 from __future__ import annotations

@@ -2,14 +2,11 @@
 
 verl's ``nccl`` engine needs CUDA and cupy; this engine is its CPU counterpart with the same topology
 (``SingleSourceEngine``'s, in ``weight_sync.common``) and lifecycle, so the trainer runs the same code on both
-paths and only the configured backend differs:
+paths and only the configured backend differs (the recipe's verl plugin registers the engine in every process):
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=gloo
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64
-    +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300  # optional; the default
-
-(``+`` because verl's default ``engine_kwargs`` is empty.) The recipe's verl plugin registers the engine in
-every process.
+    +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=300  # optional; +: not in verl's YAML
 
 - The group is a standalone ``ProcessGroupGloo`` over a ``TCPStore`` that actor rank 0 hosts on a port the OS
   picks in its first ``prepare()``. It never touches the default process group (FSDP's).
@@ -23,10 +20,7 @@ every process.
   i+1 while bucket i is broadcast; a receiver receives bucket i+1 while its consumer copies bucket i's
   tensors), in two buffers kept between syncs (paging fresh ones in every sync halved the throughput). Each
   bucket is preceded, in-band, by a pickled ``BucketHeader`` carrying the sync's weight version.
-- Every collective is bounded by ``timeout_s``: a peer that dies or stalls fails the sync with
-  ``WeightSyncError`` naming the sync and the bucket, instead of hanging.
-- ``send_weights``' metrics split its time into ``produce_s`` (waiting for the weight generator, i.e. the actor's
-  all-gathers), ``wire_wait_s`` (waiting for broadcasts) and ``pack_s`` (the rest).
+- Every collective is bounded by ``timeout_s``: a peer that dies or stalls fails the sync instead of hanging.
 
 ``python -m benchmarks gloo-engine`` compares a sync, loaded into a model, with a raw broadcast of the same bytes.
 """

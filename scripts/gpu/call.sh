@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Device, from the project root: the command of EVERY device call of the runbook (README.md), the same each time.
+# Moves the bundle chunks this call carried (.gpu/p*) out of the project copy into /root/w ($GPU_CHUNKS), which outlives the
+# call while the machine stays warm. The first call also prints what the machine has. The call that carries
+# .gpu/bundle.txt (the last) checks that every chunk arrived, unpacks the stack into $GPU_STACK (/root/gpu) and
+# runs scripts/gpu_verify.sh with it: verdicts, logs and the JSON summary in $OUT.
+set -uo pipefail
+W=${GPU_CHUNKS:-/root/w}
+first=0
+[[ -d $W ]] || first=1
+mkdir -p "$W"
+mv .gpu/p[0-9]* .gpu/fa2 .gpu/bundle.txt "$W"/ 2>/dev/null
+echo "chunks at hand: $(cd "$W" && ls p[0-9]* fa2 2>/dev/null | tr '\n' ' ')"
+if ((first)); then
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+  python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+  command -v xz >/dev/null || echo "no xz here: install.sh unpacks with Python's lzma"
+  df -h /root | tail -1
+fi
+[[ -f $W/bundle.txt ]] || exit 0
+bash scripts/gpu/install.sh || exit 1
+source scripts/gpu/env.sh
+bash scripts/gpu_verify.sh
