@@ -383,6 +383,23 @@ def test_on_a_running_cluster_pools_no_placement_can_fit_are_refused_naming_what
     assert preflight.pools_unplaceable(compose_config("one_step_off_ppo_1gpu"), {"n": {"GPU": 1.0}}, "GPU") is None
 
 
+def test_the_task_runner_refuses_pools_the_cluster_cannot_place_before_any_model_loads(cpu_ray):
+    """The same check where a launch makes it: the real task runner, in a Ray worker of a running cluster (16 CPUs),
+    with a training pool of 64 CPU slots: refused naming the pools and what Ray has free, no worker started."""
+    from recipe.one_step_off_async.errors import ConfigError
+    from recipe.one_step_off_async.trainer.task_runner import OneStepOffTaskRunner
+
+    config = compose_config("one_step_off_ppo_cpu", "trainer.n_gpus_per_node=64")
+    runner = OneStepOffTaskRunner.remote()
+    with pytest.raises(cpu_ray.exceptions.RayTaskError) as caught:
+        cpu_ray.get(runner.run.remote(config), timeout=120)
+    assert isinstance(caught.value.cause, ConfigError)
+    assert "The pools cannot be placed on this Ray cluster: training pool 64, rollout pool 1, total 65 CPU" in str(
+        caught.value
+    )
+    cpu_ray.kill(runner)
+
+
 @pytest.fixture
 def gpus(monkeypatch):
     """``gpus(n)``: torch sees ``n`` CUDA devices of 80 GiB; no Ray cluster to join (no address, no `ray start`)."""
