@@ -127,30 +127,33 @@ def recipe_verdict() -> tuple[str, str, dict]:
         logged = f"{len(trained)}/{steps} steps logged; "
         return "FAIL", logged + failure(env["RECIPE_RC"], env["RECIPE_S"], log_dir / "recipe.log"), detail
 
+    def number(step: int, key: str, missing: float = math.nan) -> float:
+        """A metric of a step; verl's file logger writes NaN as null, read back as NaN."""
+        value = trained[step].get(key, missing)
+        return math.nan if value is None else value
+
     def per_step(key: str) -> list:
-        value = [trained[s].get(key, math.nan) for s in trained]
+        value = [number(s, key) for s in trained]
         return [round(v, 4) if isinstance(v, float) else v for v in value]
 
     problems = []
     if sorted(trained) != list(range(1, steps + 1)):
         problems.append(f"steps logged {sorted(trained)}, expected 1..{steps}")
-    unsynced = [
-        s for s, m in trained.items() if m.get("async/synced") != 1 or not m.get("timing_s/sync_weights", 0) > 0
-    ]
+    unsynced = [s for s in trained if number(s, "async/synced") != 1 or not number(s, "timing_s/sync_weights") > 0]
     if unsynced:
         problems.append(f"steps without a sync {unsynced}")
-    if any(trained[s].get("async/staleness") != 1 for s in trained if s > 1):
+    if any(number(s, "async/staleness") != 1 for s in trained if s > 1):
         problems.append(f"async/staleness {per_step('async/staleness')}, expected 1 after step 1")
-    if not all(m.get("async/version_span_max", math.nan) <= 1 for m in trained.values()):
+    if not all(number(s, "async/version_span_max") <= 1 for s in trained):
         problems.append(f"async/version_span_max {per_step('async/version_span_max')}, expected at most 1")
-    aborted = [s for s, m in trained.items() if m.get("async/partial_ratio", 0) > 0]
-    if not aborted or not any(trained[s].get("async/recomputed_prefill_tokens", 0) > 0 for s in aborted):
+    aborted = [s for s in trained if number(s, "async/partial_ratio", 0) > 0]
+    if not aborted or not any(number(s, "async/recomputed_prefill_tokens", 0) > 0 for s in aborted):
         problems.append(
             "no sample resumed across a sync (async/partial_ratio "
             f"{per_step('async/partial_ratio')}, recomputed prefill {per_step('async/recomputed_prefill_tokens')}): "
             "the abort path did not run"
         )
-    diffs = [trained[s].get("training/rollout_probs_diff_max", math.nan) for s in trained]
+    diffs = [number(s, "training/rollout_probs_diff_max") for s in trained]
     bounds = [bound_same if s == 1 else bound_one_update for s in trained]
     if not all(d <= b for d, b in zip(diffs, bounds, strict=True)):  # NaN (no rollout log-probs) fails too
         problems.append(f"rollout_probs_diff_max {[round(d, 4) for d in diffs]} above {bounds}")
@@ -158,11 +161,11 @@ def recipe_verdict() -> tuple[str, str, dict]:
     split = {
         k.removeprefix("timing_s/"): statistics.median(m[k] for m in steady)
         for k in SPLIT
-        if all(k in m for m in steady)
+        if steady and all(isinstance(m.get(k), int | float) for m in steady)
     }
     detail["median_split_after_step_1_s"] = split
     summary = (
-        f"{len(trained)} steps, every step synced; staleness {per_step('async/staleness')}, version "
+        f"{len(trained)} steps, synced {per_step('async/synced')}; staleness {per_step('async/staleness')}, version "
         f"{per_step('async/weight_version')}; resumed across a sync: partial_ratio {per_step('async/partial_ratio')}, "
         f"recomputed prefill tokens {per_step('async/recomputed_prefill_tokens')}; rollout_probs_diff_max "
         f"{[round(d, 4) for d in diffs]} (bounds {bound_same} at step 1, {bound_one_update} after), pearson "
@@ -196,7 +199,10 @@ def main(argv: list[str]) -> int:
     summary["total_budget_s"] = int(env["TOTAL_S"])
     if argv[0] != "--final":
         name, verdict = SECTIONS[argv[0]]
-        status, text, detail = verdict()
+        try:
+            status, text, detail = verdict()
+        except Exception as error:  # a verdict that cannot be computed is a FAIL, never a missing line
+            status, text, detail = "FAIL", f"verdict error: {type(error).__name__}: {error}", {}
         print(f"{status} {name}: {text}", flush=True)
         summary["verdicts"][name] = {"status": status, "detail": text}
         summary[name] = detail
@@ -206,7 +212,14 @@ def main(argv: list[str]) -> int:
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if argv[0] == "--final":
         print(f"summary: {summary_path} ({summary['elapsed_s']} s)")
-        return 1 if any(v["status"] == "FAIL" for v in summary["verdicts"].values()) or not summary["verdicts"] else 0
+        missing = [
+            SECTIONS[check][0]
+            for check in env.get("CHECKS", "").split()
+            if SECTIONS[check][0] not in summary["verdicts"]
+        ]
+        if missing:
+            print(f"FAIL no verdict for {', '.join(missing)}")
+        return 1 if missing or any(v["status"] == "FAIL" for v in summary["verdicts"].values()) else 0
     return 0
 
 

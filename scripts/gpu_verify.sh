@@ -51,7 +51,7 @@
 # Exit status: 0 when no verdict is FAIL. Knobs (environment): CHECKS ("stack sync recipe"), STEPS (5),
 # LONG_BUDGET (300), ROLLOUT_EAGER (1: vLLM without torch.compile and CUDA graphs, ~1 min less start-up; 0: the
 # profile's), PROBS_DIFF_BOUND_SAME (0.05), PROBS_DIFF_BOUND_ONE_UPDATE (0.3), SHAPES (qwen2.5-3b), SYNC_DTYPES
-# (float32,bfloat16), SYNC_REPS (2), SYNC_RATIO_BOUND (0.55), TOTAL_S (540), STACK_TIMEOUT_S (60),
+# (float32,bfloat16), SYNC_REPS (3), SYNC_RATIO_BOUND (0.55), TOTAL_S (480), STACK_TIMEOUT_S (60),
 # SYNC_TIMEOUT_S (150), RECIPE_TIMEOUT_S (400), PYTHON (python3). On one H100 the recipe section took ~345 s with
 # the short task and CUDA graphs (~170 s to the vLLM server's spawn, ~95 s vLLM init, ~40 s for the 5 steps of
 # which ~28 s the first generation, ~30 s shutdown), and the sync section ~92 s (three shapes in fp32); the plan
@@ -75,24 +75,31 @@ PROBS_DIFF_BOUND_SAME=${PROBS_DIFF_BOUND_SAME:-0.05}
 PROBS_DIFF_BOUND_ONE_UPDATE=${PROBS_DIFF_BOUND_ONE_UPDATE:-0.3}
 SHAPES=${SHAPES:-qwen2.5-3b}
 SYNC_DTYPES=${SYNC_DTYPES:-float32,bfloat16}
-SYNC_REPS=${SYNC_REPS:-2}
+SYNC_REPS=${SYNC_REPS:-3}
 SYNC_RATIO_BOUND=${SYNC_RATIO_BOUND:-0.55}
-TOTAL_S=${TOTAL_S:-540}
+TOTAL_S=${TOTAL_S:-480}
 STACK_TIMEOUT_S=${STACK_TIMEOUT_S:-60}
 SYNC_TIMEOUT_S=${SYNC_TIMEOUT_S:-150}
 RECIPE_TIMEOUT_S=${RECIPE_TIMEOUT_S:-400}
 START_S=$SECONDS
-export LOG_DIR SUMMARY STEPS LONG_BUDGET ROLLOUT_EAGER PROBS_DIFF_BOUND_SAME PROBS_DIFF_BOUND_ONE_UPDATE SHAPES \
-  SYNC_DTYPES SYNC_RATIO_BOUND TOTAL_S
+export LOG_DIR SUMMARY CHECKS STEPS LONG_BUDGET ROLLOUT_EAGER PROBS_DIFF_BOUND_SAME PROBS_DIFF_BOUND_ONE_UPDATE \
+  SHAPES SYNC_DTYPES SYNC_RATIO_BOUND TOTAL_S
 rm -f "$SUMMARY"
 
-# A section's timeout: its cap, or what is left of TOTAL_S if less.
+# A section's timeout: its cap, or what is left of TOTAL_S if less (at least 1 s: `timeout 0` would not bound it;
+# a section with no time left fails as timed out at once).
 section_timeout() {
   local left=$((TOTAL_S - (SECONDS - START_S)))
-  echo $((left < $1 ? left : $1))
+  left=$((left < $1 ? left : $1))
+  echo $((left < 1 ? 1 : left))
 }
 
-stop_ray() { "$PYTHON" -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true; }
+# A section killed at its timeout can leave its Ray cluster running, which the next section's ray.init would join.
+# On the lent machine (scripts/gpu/call.sh sets GPU_VERIFY_OWNS_MACHINE=1) every Ray cluster is this script's; on a
+# machine of yours `ray stop` would stop your other clusters too, so it is not run there.
+stop_ray() {
+  [[ ${GPU_VERIFY_OWNS_MACHINE:-0} == 1 ]] && "$PYTHON" -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+}
 
 # After each section: its verdict printed, the summary rewritten with the verdicts of every section run so far.
 summarize() {
@@ -117,6 +124,7 @@ from vllm.vllm_flash_attn import flash_attn_interface as fa
 
 import ray  # noqa: F401
 import verl.checkpoint_engine.nccl_checkpoint_engine  # noqa: F401
+import verl.workers.rollout.vllm_rollout.vllm_async_server  # noqa: F401  (vLLM's server and OpenAI entry points)
 import recipe.one_step_off_async.main_ppo  # noqa: F401
 
 
@@ -161,7 +169,11 @@ if [[ " $CHECKS " == *" sync "* ]]; then
   summarize sync
 fi
 
-if [[ " $CHECKS " == *" recipe "* ]]; then
+if [[ " $CHECKS " == *" recipe "* && " $CHECKS " == *" stack "* && ${STACK_RC:-0} != 0 ]]; then
+  echo "=== recipe_partial_s1: skipped, the stack did not import (its verdict above)"
+  CHECKS=${CHECKS/recipe/}  # no verdict expected: the stack's FAIL is the run's
+  export CHECKS
+elif [[ " $CHECKS " == *" recipe "* ]]; then
   timeout_s=$(section_timeout "$RECIPE_TIMEOUT_S")
   echo "=== recipe_partial_s1: $STEPS steps at staleness 1, partial rollout, responses >= $LONG_BUDGET tokens (timeout ${timeout_s}s)"
   rm -f "$LOG_DIR/recipe.metrics.jsonl"

@@ -6,6 +6,8 @@ on made-up logs, since the sections themselves need a GPU.
   across a sync and the probability bounds; a run whose syncs never aborted a request fails naming the abort path.
 - The sync benchmark's fp32-vs-bf16 JSON (``weight-sync --dtype float32,bfloat16``) passes under the ratio bound and
   fails above it.
+- A verdict that cannot be computed (a NaN logged as null, nothing logged, a bad input) is a FAIL, and so is a
+  requested section that left no verdict.
 - The device runbook's shell scripts parse.
 """
 
@@ -54,7 +56,8 @@ def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     knobs = {
         "LOG_DIR": str(tmp_path), "SUMMARY": str(tmp_path / "gpu_verify.json"), "STEPS": "5", "LONG_BUDGET": "300",
         "ROLLOUT_EAGER": "1", "PROBS_DIFF_BOUND_SAME": "0.05", "PROBS_DIFF_BOUND_ONE_UPDATE": "0.3",
-        "SHAPES": "qwen2.5-3b", "SYNC_RATIO_BOUND": "0.55", "TOTAL_S": "540", "ELAPSED_S": "100", "PATH": os.environ["PATH"],
+        "SHAPES": "qwen2.5-3b", "SYNC_RATIO_BOUND": "0.55", "TOTAL_S": "480", "ELAPSED_S": "100", "PATH": os.environ["PATH"],
+        "CHECKS": "sync recipe",
     }  # fmt: skip
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], env=knobs | env, capture_output=True, text=True, timeout=60
@@ -77,7 +80,9 @@ def test_each_section_rewrites_the_summary_and_keeps_the_verdicts_before_it(tmp_
 
     write_recipe_metrics(tmp_path)
     recipe = run(tmp_path, "recipe", RECIPE_RC="0", RECIPE_S="300")
-    assert recipe.stdout.startswith("PASS recipe_partial_s1: 5 steps, every step synced; staleness [0, 1, 1, 1, 1]")
+    assert recipe.stdout.startswith(
+        "PASS recipe_partial_s1: 5 steps, synced [1.0, 1.0, 1.0, 1.0, 1.0]; staleness [0, 1, 1, 1, 1]"
+    )
     final = run(tmp_path, "--final", ELAPSED_S="400")
     assert final.returncode == 0 and "summary:" in final.stdout
     summary = json.loads((tmp_path / "gpu_verify.json").read_text())
@@ -112,6 +117,26 @@ def test_a_cut_recipe_run_fails_as_timed_out_and_a_slow_bf16_sync_fails(tmp_path
     (tmp_path / "weight_sync.json").write_text(json.dumps(sync_json(0.8)))
     slow = run(tmp_path, "sync", SYNC_RC="0", SYNC_S="80")
     assert slow.stdout.startswith("FAIL weight_sync_nccl: qwen2.5-3b: bfloat16 took 0.80 of float32's time, above 0.55")
+
+
+def test_a_verdict_that_cannot_be_computed_and_a_section_without_one_fail_the_run(tmp_path):
+    """verl's file logger writes NaN as null; a run that exits 0 but logged nothing; a requested section that left no
+    verdict (cut before it ran): each is a FAIL, never a PASS by omission."""
+    write_recipe_metrics(tmp_path, **{"training/rollout_probs_diff_max": None})
+    (tmp_path / "recipe.log").write_text("done\n")
+    nan = run(tmp_path, "recipe", RECIPE_RC="0", RECIPE_S="300")
+    assert nan.returncode == 0 and nan.stdout.startswith("FAIL recipe_partial_s1: ") and "nan" in nan.stdout
+    (tmp_path / "recipe.metrics.jsonl").write_text("")
+    empty = run(tmp_path, "recipe", RECIPE_RC="0", RECIPE_S="300")
+    assert empty.stdout.startswith("FAIL recipe_partial_s1: steps logged [], expected 1..5")
+
+    (tmp_path / "gpu_verify.json").unlink()
+    (tmp_path / "weight_sync.json").write_text(json.dumps(sync_json(0.5)))
+    assert run(tmp_path, "sync", SYNC_RC="0", SYNC_S="80").stdout.startswith("PASS")
+    final = run(tmp_path, "--final")
+    assert final.returncode == 1 and "FAIL no verdict for recipe_partial_s1" in final.stdout
+    broken = run(tmp_path, "sync", SYNC_RC="0", SYNC_S="not a number")
+    assert broken.stdout.startswith("FAIL weight_sync_nccl: verdict error: ValueError")
 
 
 @pytest.mark.parametrize(

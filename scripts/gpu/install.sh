@@ -5,7 +5,7 @@ set -euo pipefail
 W=${GPU_CHUNKS:-/root/w}
 GPU_STACK=${GPU_STACK:-/root/gpu}
 read -r sum chunks <"$W/bundle.txt"
-have=$(ls "$W"/p[0-9]* | wc -l)
+have=$(find "$W" -maxdepth 1 -name 'p[0-9]*' | wc -l)
 [[ $have == "$chunks" ]] || { echo "install: $have of $chunks chunks in $W: call again with the missing ones"; exit 1; }
 start=$SECONDS
 echo "$sum  -" >"$W/sum" && cat $(ls "$W"/p[0-9]* | sort -V) | sha256sum -c --quiet "$W/sum"
@@ -23,4 +23,5 @@ if [[ -f $W/fa2 ]]; then  # the optional FlashAttention-2 chunk (README.md), int
       "$W/fa2" "$GPU_STACK/site"
   fi
 fi
+echo "$sum" >"$GPU_STACK/.installed"  # call.sh installs a bundle once
 echo "install: $(du -sh "$GPU_STACK" | cut -f1) in $GPU_STACK in $((SECONDS - start)) s"
