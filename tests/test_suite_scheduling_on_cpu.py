@@ -12,7 +12,15 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from conftest import BACK_TO_BACK, LATER, LATER_LAUNCHES, LAUNCHES, LAUNCHING_MODULES, pytest_xdist_make_scheduler
+from conftest import (
+    AFTER_THE_FIRST_LAUNCHES,
+    BACK_TO_BACK,
+    LATER,
+    LATER_LAUNCHES,
+    LAUNCHES,
+    LAUNCHING_MODULES,
+    pytest_xdist_make_scheduler,
+)
 
 pytest.importorskip("xdist")
 
@@ -31,6 +39,7 @@ def test_the_launching_modules_are_two_units_of_work_and_every_other_module_its_
     assert "test_e2e_faults_on_cpu.py" in BACK_TO_BACK and set(LATER) == set(LAUNCHING_MODULES) - set(BACK_TO_BACK)
     assert {split(f"tests/{name}::test_one") for name in BACK_TO_BACK} == {LAUNCHES}
     assert {split(f"tests/{name}::test_one") for name in LATER} == {LATER_LAUNCHES}
+    assert {split(f"tests/{name}::test_one") for name in AFTER_THE_FIRST_LAUNCHES} == {LAUNCHES}
     assert split("tests/test_runs_on_cpu.py::test_one") == "tests/test_runs_on_cpu.py"
     assert split("tests/test_runs_on_cpu.py::test_two") == "tests/test_runs_on_cpu.py"
 
