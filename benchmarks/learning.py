@@ -7,19 +7,26 @@ validation score by step (the task's ``val-core/<data source>/<score>/mean@1``) 
 gains. Runs go ``--jobs`` at a time, seed-major (a grid cut short has whole seeds). A run's folder keeps
 its metrics, its log and ``validation.json``; a finished run with the same profile, overrides, steps and
 validation period is not run again, so a cut grid resumes (a run with other settings or an interrupted one
-starts again). Hydra overrides after ``--`` go to every run of the grid (give such a grid its own ``--out``).
+starts again). A run that fails is launched once more (its folder kept as ``<run>.failed``); a second
+failure stops the grid. Hydra overrides after ``--`` go to every run of the grid (give such a grid its own
+``--out``).
 
---grid staleness-parity: does staleness 1 learn as much per step as staleness 0? The off-policy
-corrections, measured side by side. The CPU profile's real entry point, STEPS steps per run, on the
-built-in sort task (``binary``: all or nothing) and its graded variant (``graded``: partial credit per
-position), for each candidate correction at staleness 1 and its staleness-0 baseline, over paired seeds
-(the s1 and s0 runs of a seed train on the same prompts in the same order). Validation every
-PARITY_TEST_FREQ steps on the 128 held-out prompts (greedy). Printed per task and candidate:
+--grid staleness-parity: does staleness 1 learn as much per step as staleness 0, and as much per minute? The
+modes and off-policy corrections, measured side by side. The CPU profile's real entry point, STEPS steps per run,
+on the built-in sort task (``binary``: all or nothing), its graded variant (``graded``: partial credit per
+position), the eight-letter graded sort (``sort_long``: answers half again as long, a warm start further from
+the answer) and the graded task at three times the learning rate (``graded_fast``: a policy that moves faster
+per step), for each candidate at staleness 1 and its staleness-0 baseline, over paired seeds (the s1 and s0 runs
+of a seed train on the same prompts in the same order). Validation every PARITY_TEST_FREQ steps on the 128
+held-out prompts (greedy). Printed per task and candidate:
 
 - gain: the mean validation over the final window (steps FINAL_WINDOW) minus step 0 (every run starts
   from the same weights, so step 0 is the same in all runs), mean over seeds;
-- s1/s0: the ratio of the mean gains;
+- share of s0's gain: the ratio of the mean gains, and its standard error over the paired seeds;
 - s1 - s0: the paired difference of the final scores, mean, its standard error over seeds, and t;
+- steps/min: each mode's own pace, 60 / the median step time of its steady steps that did not validate (the
+  runs of a seed go side by side, ``--jobs`` at a time, so they share the machine's load), and the gain per
+  minute, gain x steps/min / STEPS;
 - the curve: mean validation per validated step, s1 and s0.
 
 At staleness 0 the rollout samples with the actor's exact weights, so the candidates that differ only
@@ -58,6 +65,9 @@ How (from the repository root, with the project's virtualenv active)::
 
     # staleness parity, screen: every candidate, graded task, 4 seeds
     python -m benchmarks learning --grid staleness-parity --tasks graded --seeds 0 1 2 3
+    # the default mode's decision: today's mode and partial rollout against staleness 0, 8 paired seeds per task
+    python -m benchmarks learning --grid staleness-parity --tasks sort_long graded_fast --candidates token_is partial \
+        --seeds 0 1 2 3 4 5 6 7
     # confirm: today's default and the best candidates on fresh seeds (not those the screen picked on)
     python -m benchmarks learning --grid staleness-parity --tasks graded binary --seeds 4 5 6 7 8 9 10 11 \\
         --candidates token_is bypass no_correction
@@ -93,6 +103,19 @@ Curve = dict[int, float]  # validation score by step
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What a grid reads of a finished run: its validation curve and how fast it stepped."""
+
+    curve: Curve
+    steps_per_minute: float  # over its steady training steps
+    stalled_syncs: list[int]  # steps whose sync took STALLED_SYNC_S or more
+    # Means over steps 2 on: how far the sampling policy was from the one that trained on its tokens (verl's
+    # rollout_corr/kl, per token; 0 at staleness 0 up to numerics), and the response length in tokens.
+    mismatch_kl: float
+    response_length: float
+
+
+@dataclass(frozen=True)
 class Trial:
     """One run of a grid: a setting trained with one seed."""
 
@@ -116,44 +139,96 @@ def validation_curve(metrics: dict[int, dict]) -> Curve:
     return curve
 
 
+def steps_per_minute(metrics: dict[int, dict], steps: int) -> float:
+    """60 / the median ``timing_s/step`` of steps 3..steps-1 that did not validate: steps 1-2 fill the pipeline and
+    warm up, the last has nothing left to generate (as ``python -m benchmarks overlap`` reads them); the median, so
+    that one sync stalled by the machine's load (``stalled_syncs``) does not set a mode's pace."""
+    times = [
+        values["timing_s/step"]
+        for step, values in metrics.items()
+        if 3 <= step < steps and "timing_s/step" in values and not any(key.startswith("val-core/") for key in values)
+    ]
+    if not times:
+        raise ValueError(f"no steady training step among steps 3..{steps - 1} logged timing_s/step")
+    return 60.0 / statistics.median(times)
+
+
+STALLED_SYNC_S = 5.0  # a sync of the CPU profiles takes ~0.1 s; one this long waited on something else
+
+
+def stalled_syncs(metrics: dict[int, dict]) -> list[int]:
+    """The steps whose weight sync took STALLED_SYNC_S or more."""
+    return [
+        step for step, values in sorted(metrics.items()) if values.get("timing_s/sync_weights", 0) >= STALLED_SYNC_S
+    ]
+
+
 def say(line: str) -> None:
     """Print a progress line in one write: the lines of runs that end together do not interleave."""
     print(line + "\n", end="", flush=True)
 
 
-def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> Curve:
-    """The validation curve of ``trial``, run now unless its folder holds a finished run with the same settings."""
+def measured(folder: Path, curve: Curve, steps: int) -> Measured:
+    metrics = runs.read_metrics(folder / runs.METRICS)
+
+    def mean_of(key: str) -> float:
+        values = [step_values[key] for step, step_values in metrics.items() if step >= 2 and key in step_values]
+        return statistics.mean(values) if values else float("nan")
+
+    return Measured(
+        curve,
+        steps_per_minute(metrics, steps),
+        stalled_syncs(metrics),
+        mean_of("rollout_corr/kl"),
+        mean_of("response_length/mean"),
+    )
+
+
+def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> Measured:
+    """What ``trial`` measured, run now unless its folder holds a finished run with the same settings. A run that
+    fails is launched once more (a sync can stall past its timeout on a machine running several grids' runs); a
+    second failure stops the grid."""
     overrides = (f"data.seed={trial.seed}", f"actor_rollout_ref.rollout.seed={trial.seed}", *trial.overrides, *extra)
     settings = {"overrides": list(overrides), "steps": steps, "test_freq": test_freq, "config": trial.profile}
     done = trial.folder / VALIDATION
     if done.exists():
         saved = json.loads(done.read_text())
         if {key: saved.get(key) for key in settings} == settings:
-            return {int(step): value for step, value in saved["curve"].items()}
+            return measured(trial.folder, {int(step): value for step, value in saved["curve"].items()}, steps)
         say(f"{trial.folder}: measured with other settings ({saved.get('overrides')}); running it again")
-    if trial.folder.exists():  # an interrupted run, or other settings: start it again
-        shutil.rmtree(trial.folder)
-    run = runs.run(
-        trial.folder,
-        f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={test_freq}",
-        "trainer.val_before_train=true",
-        f"hydra.run.dir={trial.folder / 'hydra'}",
-        *overrides,
-        profile=trial.profile,
-    ).check(trial.label)
+    for attempt in (1, 2):
+        if trial.folder.exists():  # an interrupted or failed run, or other settings: start it again
+            shutil.rmtree(trial.folder)
+        run = runs.run(
+            trial.folder,
+            f"trainer.total_training_steps={steps}",
+            f"trainer.test_freq={test_freq}",
+            "trainer.val_before_train=true",
+            f"hydra.run.dir={trial.folder / 'hydra'}",
+            *overrides,
+            profile=trial.profile,
+        )
+        if run.returncode == 0 or attempt == 2:
+            break
+        kept = trial.folder.with_name(trial.folder.name + ".failed")
+        shutil.rmtree(kept, ignore_errors=True)
+        trial.folder.rename(kept)
+        say(f"{trial.label}: failed (exit {run.returncode}, its folder kept as {kept}); launching it once more")
+    run.check(trial.label)
     curve = validation_curve(run.metrics)
     if steps not in curve or 0 not in curve:
         raise RunFailed(f"{trial.label}: no validation at step 0 and {steps}; see {trial.folder / runs.OUTPUT}")
     done.write_text(json.dumps({**settings, "curve": curve}))
-    say(f"{trial.label}: {run.seconds:.0f} s")
-    return curve
+    result = measured(trial.folder, curve, steps)
+    stalls = f", syncs stalled at steps {result.stalled_syncs}" if result.stalled_syncs else ""
+    say(f"{trial.label}: {run.seconds:.0f} s, {result.steps_per_minute:.1f} steps/min{stalls}")
+    return result
 
 
 def train_all(
     trials: dict[Hashable, Trial], steps: int, test_freq: int, jobs: int, extra: tuple[str, ...]
-) -> dict[Hashable, Curve]:
-    """Every trial's curve; ``jobs`` runs at a time, started in the order of ``trials``."""
+) -> dict[Hashable, Measured]:
+    """What every trial measured; ``jobs`` runs at a time, started in the order of ``trials``."""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {key: pool.submit(train, trial, steps, test_freq, extra) for key, trial in trials.items()}
         try:
@@ -180,8 +255,8 @@ class Grid(Protocol):
         """The runs, in the order they start; raises ``ValueError`` for options it cannot run."""
         ...
 
-    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
-        """Print what the curves show (and write what the grid keeps)."""
+    def report(self, args: argparse.Namespace, measured: dict[Hashable, Measured]) -> None:
+        """Print what the runs show (and write what the grid keeps)."""
         ...
 
 
@@ -190,7 +265,14 @@ class Grid(Protocol):
 STEPS = 40
 PARITY_TEST_FREQ = 5
 FINAL_WINDOW = (30, 35, 40)
-PARITY_TASKS = {"binary": "one_step_off_ppo_cpu", "graded": "one_step_off_ppo_cpu_graded"}  # task: config name
+# task: (config name, its overrides)
+PARITY_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "binary": ("one_step_off_ppo_cpu", ()),  # the sort task, all or nothing
+    "graded": ("one_step_off_ppo_cpu_graded", ()),  # partial credit per position
+    "sort_long": ("one_step_off_ppo_cpu_sort_long", ()),  # eight letters, partial credit: longer answers
+    # The graded task with a policy that moves three times as fast per step.
+    "graded_fast": ("one_step_off_ppo_cpu_graded", ("actor_rollout_ref.actor.optim.lr=3e-4",)),
+}
 CORRECTION = "algorithm.rollout_correction"
 LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
 # candidate: (overrides at both stalenesses, name of its staleness-0 baseline)
@@ -222,28 +304,56 @@ def final(curve: Curve) -> float:
     return statistics.mean(curve[step] for step in FINAL_WINDOW)
 
 
-def compare(s1: dict[int, Curve], s0: dict[int, Curve]) -> dict:
-    """The table's row for one candidate: s1 and s0 curves by seed."""
+def share_of_gain(gain1: list[float], gain0: list[float]) -> tuple[float, float]:
+    """mean(gain1) / mean(gain0) over paired seeds, and its standard error (the ratio estimator's, first order:
+    sqrt(sum (g1 - r g0)^2 / (n (n - 1))) / mean(g0))."""
+    ratio = statistics.mean(gain1) / statistics.mean(gain0)
+    n = len(gain1)
+    if n < 2:
+        return ratio, float("nan")
+    residual = sum((g1 - ratio * g0) ** 2 for g1, g0 in zip(gain1, gain0, strict=True))
+    return ratio, math.sqrt(residual / (n * (n - 1))) / abs(statistics.mean(gain0))
+
+
+def mean_pace(runs: list[Measured]) -> float:
+    return statistics.mean(run.steps_per_minute for run in runs)
+
+
+def compare(s1: dict[int, Measured], s0: dict[int, Measured]) -> dict:
+    """The table's row for one candidate: what its s1 runs and their s0 baselines measured, by seed."""
     seeds = sorted(s1)
-    gain1 = [final(s1[seed]) - s1[seed][0] for seed in seeds]
-    gain0 = [final(s0[seed]) - s0[seed][0] for seed in seeds]
-    diffs = [final(s1[seed]) - final(s0[seed]) for seed in seeds]
+    c1, c0 = ({seed: runs[seed].curve for seed in seeds} for runs in (s1, s0))
+    gain1 = [final(c1[seed]) - c1[seed][0] for seed in seeds]
+    gain0 = [final(c0[seed]) - c0[seed][0] for seed in seeds]
+    diffs = [final(c1[seed]) - final(c0[seed]) for seed in seeds]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    steps = sorted(set.intersection(*(set(curve) for curve in [*s1.values(), *s0.values()])))
+    share, share_se = share_of_gain(gain1, gain0)
+    pace1, pace0 = (mean_pace([runs[seed] for seed in seeds]) for runs in (s1, s0))
+    steps = sorted(set.intersection(*(set(curve) for curve in [*c1.values(), *c0.values()])))
     return {
         "seeds": seeds,
         "gain_s1": statistics.mean(gain1),
         "gain_s0": statistics.mean(gain0),
-        "ratio": statistics.mean(gain1) / statistics.mean(gain0),
+        "ratio": share,
+        "ratio_se": share_se,
         "diff": statistics.mean(diffs),
         "diff_se": se,
         "diffs": diffs,
-        "final_s1": [final(s1[seed]) for seed in seeds],
-        "final_s0": [final(s0[seed]) for seed in seeds],
-        "curve_s1": {step: statistics.mean(s1[seed][step] for seed in seeds) for step in steps},
-        "curve_s0": {step: statistics.mean(s0[seed][step] for seed in seeds) for step in steps},
-        "curves_s1": {seed: s1[seed] for seed in seeds},
-        "curves_s0": {seed: s0[seed] for seed in seeds},
+        # Gain per minute: the mean gain over the minutes its STEPS steps take at the mode's own pace.
+        "steps_per_minute_s1": pace1,
+        "steps_per_minute_s0": pace0,
+        "gain_per_minute_s1": statistics.mean(gain1) * pace1 / STEPS,
+        "gain_per_minute_s0": statistics.mean(gain0) * pace0 / STEPS,
+        "mismatch_kl_s1": statistics.mean(s1[seed].mismatch_kl for seed in seeds),
+        "response_length_s1": statistics.mean(s1[seed].response_length for seed in seeds),
+        "stalled_syncs_s1": sum(len(s1[seed].stalled_syncs) for seed in seeds),
+        "stalled_syncs_s0": sum(len(s0[seed].stalled_syncs) for seed in seeds),
+        "final_s1": [final(c1[seed]) for seed in seeds],
+        "final_s0": [final(c0[seed]) for seed in seeds],
+        "curve_s1": {step: statistics.mean(c1[seed][step] for seed in seeds) for step in steps},
+        "curve_s0": {step: statistics.mean(c0[seed][step] for seed in seeds) for step in steps},
+        "curves_s1": c1,
+        "curves_s0": c0,
     }
 
 
@@ -251,16 +361,30 @@ def print_parity_table(task: str, rows: dict[str, dict]) -> None:
     first = next(iter(rows.values()))
     print(
         f"\n{task} task, {STEPS} steps, seeds {', '.join(map(str, first['seeds']))}; final = mean of steps "
-        f"{', '.join(map(str, FINAL_WINDOW))}; gain = final - step 0\n"
+        f"{', '.join(map(str, FINAL_WINDOW))}; gain = final - step 0; share = gain s1 / gain s0 (SE over the paired "
+        "seeds); steps/min over steps 3-39 that did not validate, the runs of a round side by side\n"
     )
-    print("| candidate | gain s1 | gain s0 | s1/s0 | s1 - s0 (SE) | t |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| candidate | gain s1 | gain s0 | share of s0's gain (SE) | s1 - s0 (SE) | t | steps/min s1 / s0 | gain/min s1 / s0 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         t = row["diff"] / row["diff_se"] if row["diff_se"] else float("nan")
         print(
-            f"| `{name}` | {row['gain_s1']:.3f} | {row['gain_s0']:.3f} | {row['ratio']:.2f} | "
-            f"{row['diff']:+.3f} ({row['diff_se']:.3f}) | {t:+.1f} |"
+            f"| `{name}` | {row['gain_s1']:.3f} | {row['gain_s0']:.3f} | {row['ratio']:.2f} ({row['ratio_se']:.2f}) | "
+            f"{row['diff']:+.3f} ({row['diff_se']:.3f}) | {t:+.1f} | "
+            f"{row['steps_per_minute_s1']:.1f} / {row['steps_per_minute_s0']:.1f} | "
+            f"{row['gain_per_minute_s1']:.4f} / {row['gain_per_minute_s0']:.4f} |"
         )
+    print(
+        "\nWhat the s1 runs trained on: "
+        + "; ".join(
+            f"`{name}` KL(sampler || trainer) {row['mismatch_kl_s1']:.2e} per token x {row['response_length_s1']:.1f} "
+            f"tokens = {row['mismatch_kl_s1'] * row['response_length_s1']:.2e} per response, syncs of "
+            f"{STALLED_SYNC_S:g} s or more s1 / s0: {row['stalled_syncs_s1']} / {row['stalled_syncs_s0']}"
+            for name, row in rows.items()
+        )
+    )
     print("\nMean validation per step, s1 / s0:\n")
     steps = list(first["curve_s1"])
     print("| candidate | " + " | ".join(f"{step}" for step in steps) + " |")
@@ -293,24 +417,25 @@ class StalenessParity:
                         (name, 1, overrides),
                         (baseline, 0, baseline_overrides(baseline)),
                     ):
+                        profile, task_overrides = PARITY_TASKS[task]
                         trials[task, setting, staleness, seed] = Trial(
                             f"{task} {setting} s{staleness} seed {seed}",
                             args.out / task / f"{setting}_s{staleness}_seed{seed}",
-                            PARITY_TASKS[task],
+                            profile,
                             seed,
-                            (f"async_training.staleness={staleness}", *extra),
+                            (*task_overrides, f"async_training.staleness={staleness}", *extra),
                         )
         return trials
 
-    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+    def report(self, args: argparse.Namespace, measured: dict[Hashable, Measured]) -> None:
         summary = {"steps": STEPS, "test_freq": PARITY_TEST_FREQ, "final_window": FINAL_WINDOW, "tasks": {}}
         for task in args.tasks:
             rows = {}
             for name in args.candidates:
                 baseline = CANDIDATES[name][1]
                 rows[name] = compare(
-                    {seed: curves[task, name, 1, seed] for seed in args.seeds},
-                    {seed: curves[task, baseline, 0, seed] for seed in args.seeds},
+                    {seed: measured[task, name, 1, seed] for seed in args.seeds},
+                    {seed: measured[task, baseline, 0, seed] for seed in args.seeds},
                 )
             print_parity_table(task, rows)
             summary["tasks"][task] = rows
@@ -368,7 +493,8 @@ class PartialRolloutLearning:
         staleness = PartialRolloutLearning.staleness(args, mode)
         return "" if staleness == 1 else f"_s{staleness}"
 
-    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+    def report(self, args: argparse.Namespace, measured: dict[Hashable, Measured]) -> None:
+        curves = {key: run.curve for key, run in measured.items()}
         for task in args.tasks:
             gains: dict[str, list[float]] = {mode: [] for mode in MODES}
             for seed in args.seeds:
@@ -469,7 +595,8 @@ class LossTable:
                 )
         return trials
 
-    def report(self, args: argparse.Namespace, curves: dict[Hashable, Curve]) -> None:
+    def report(self, args: argparse.Namespace, measured: dict[Hashable, Measured]) -> None:
+        curves = {key: run.curve for key, run in measured.items()}
         checkpoints = sorted(set.intersection(*(set(steps) for steps in curves.values())))
         seeds = ", ".join(map(str, args.seeds))
         extra = f"; overrides: {' '.join(args.overrides)}" if args.overrides else ""
@@ -512,5 +639,4 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         parser.error(str(error))
     steps, test_freq = grid.schedule(args)
-    curves = train_all(trials, steps, test_freq, args.jobs, tuple(args.overrides))
-    grid.report(args, curves)
+    grid.report(args, train_all(trials, steps, test_freq, args.jobs, tuple(args.overrides)))

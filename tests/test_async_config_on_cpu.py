@@ -30,13 +30,14 @@ def compose_config(name: str, *overrides: str):
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_the_recipe_ships_a_gpu_a_one_gpu_and_four_cpu_configs():
+def test_the_recipe_ships_a_gpu_a_one_gpu_and_five_cpu_configs():
     assert PRIMARY == [
         "one_step_off_ppo_1gpu",
         "one_step_off_ppo_cpu",
         "one_step_off_ppo_cpu_generation_bound",
         "one_step_off_ppo_cpu_graded",
         "one_step_off_ppo_cpu_long_tail",
+        "one_step_off_ppo_cpu_sort_long",
         "one_step_off_ppo_trainer",
     ]
 

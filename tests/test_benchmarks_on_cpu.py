@@ -50,6 +50,7 @@ from benchmarks import (
 )
 from benchmarks.__main__ import main as benchmarks_main
 from recipe.one_step_off_async import runs
+from recipe.one_step_off_async.errors import RunFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(?:-?[\d.]+|nan|inf)"
@@ -110,7 +111,8 @@ def override(overrides: tuple[str, ...], key: str) -> int:
 @pytest.fixture
 def launches(monkeypatch) -> list[tuple[str, ...]]:
     """The learning grids' launches, each replaced by a run that logs a validation score at step 0 and every
-    ``test_freq`` steps, rising with the step (a little faster for a higher seed)."""
+    ``test_freq`` steps, rising with the step (a little faster for a higher seed), and steps of 2 s (3 s at
+    staleness 0; 10 s where it validates)."""
     started = []
 
     def launch(directory: Path, *overrides: str, profile: str, **_) -> runs.Run:
@@ -119,7 +121,10 @@ def launches(monkeypatch) -> list[tuple[str, ...]]:
         steps, every = override(overrides, "trainer.total_training_steps"), override(overrides, "trainer.test_freq")
         slope = 0.01 * (1 + override(overrides, "data.seed") / 10)
         score = f"val-core/{profile}/acc/mean@1"
-        lines = [{"step": step, "data": {score: 0.3 + slope * step}} for step in range(0, steps + 1, every)]
+        step_s = 3.0 if "async_training.staleness=0" in overrides else 2.0
+        lines = [{"step": step, "data": {"timing_s/step": step_s}} for step in range(1, steps + 1)]
+        lines += [{"step": step, "data": {score: 0.3 + slope * step}} for step in range(0, steps + 1, every)]
+        lines += [{"step": step, "data": {"timing_s/step": 10.0}} for step in range(every, steps + 1, every)]
         (directory / runs.METRICS).write_text("".join(json.dumps(line) + "\n" for line in lines))
         return runs.Run(0, 1.0, directory, "")
 
@@ -131,7 +136,13 @@ def launches(monkeypatch) -> list[tuple[str, ...]]:
     ("grid", "options", "trials", "report"),
     [
         # gain = final - step 0: 0.01 x 35 (seed 0) and 0.011 x 35 (seed 1), the same at staleness 0 and 1
-        ("staleness-parity", ["--candidates", "token_is", "kimi15"], 8, "| `kimi15` | 0.368 | 0.368 | 1.00 | +0.000"),
+        # steps/min 30 (s1) and 20 (s0), validating steps left out; gain per minute 0.3675 x 30 / 40 (s1)
+        (
+            "staleness-parity",
+            ["--candidates", "token_is", "kimi15"],
+            8,
+            "| `kimi15` | 0.368 | 0.368 | 1.00 (0.00) | +0.000 (0.000) | +nan | 30.0 / 20.0 | 0.2756 / 0.1838 |",
+        ),
         # gain = mean of steps 20 and 30 - step 0: 0.25 and 0.275, pooled SE sqrt(2 var / 2)
         (
             "partial-rollout",
@@ -166,6 +177,27 @@ def test_a_learning_grid_trains_its_trials_and_resumes(grid, options, trials, re
     assert report in first
     assert again in first and again.strip()
     assert all(f"hydra.run.dir={tmp_path}" in " ".join(overrides) for overrides in launches)
+
+
+def test_a_failed_learning_run_is_launched_once_more_and_a_second_failure_stops_the_grid(
+    launches, monkeypatch, tmp_path, capsys
+):
+    fake = learning.runs.run
+    failures = iter([True, False, True, True])  # the first run fails once, the second twice
+
+    def failing_once(directory: Path, *overrides: str, **launch) -> runs.Run:
+        run = fake(directory, *overrides, **launch)
+        return runs.Run(1, 1.0, directory, "") if next(failures) else run
+
+    monkeypatch.setattr(learning.runs, "run", failing_once)
+    command = ["--grid", "loss-table", "--rows", "topr", "--steps", "20", "--out", str(tmp_path), "--seeds"]
+
+    learning.main([*command, "0"])
+    assert len(launches) == 2 and (tmp_path / "topr_s1_seed0.failed" / runs.METRICS).exists()
+    assert "topr s1 seed 0: failed (exit 1" in capsys.readouterr().out
+    with pytest.raises(RunFailed, match="topr s1 seed 1 failed with exit code 1"):
+        learning.main([*command, "1"])
+    assert len(launches) == 4
 
 
 def test_a_learning_run_with_other_settings_is_launched_again(launches, tmp_path, capsys):
@@ -238,6 +270,40 @@ def test_the_weight_sync_benchmark_refuses_an_unknown_dtype(capsys):
     with pytest.raises(SystemExit):
         weight_sync.main(["--dtype", "float32,bf16"])
     assert "distinct torch dtypes" in capsys.readouterr().err
+
+
+def test_the_share_of_gain_and_its_paired_standard_error():
+    # r = 0.6 / 0.8 = 0.75; residuals g1 - r g0: 0.1 - 0.15, 0.3 - 0.3, 0.2 - 0.15 = -0.05, 0, 0.05
+    share, se = learning.share_of_gain([0.1, 0.3, 0.2], [0.2, 0.4, 0.2])
+    assert share == pytest.approx(0.75)
+    assert se == pytest.approx((0.005 / 6) ** 0.5 / (0.8 / 3))
+    assert learning.share_of_gain([0.2, 0.4], [0.1, 0.2]) == pytest.approx((2.0, 0.0))  # s1 exactly twice s0
+
+
+def test_the_pace_of_a_run_leaves_out_the_pipelines_fill_its_last_step_and_validations():
+    metrics = {step: {"timing_s/step": 1.0} for step in range(1, 11)}
+    metrics[1]["timing_s/step"] = metrics[2]["timing_s/step"] = metrics[10]["timing_s/step"] = 50.0
+    metrics[5] |= {"timing_s/step": 30.0, "val-core/task/acc/mean@1": 0.5}
+    metrics[6]["timing_s/step"] = metrics[6]["timing_s/sync_weights"] = 175.0  # a stalled sync: the median holds
+    assert learning.steps_per_minute(metrics, 10) == pytest.approx(60.0)
+    assert learning.stalled_syncs(metrics) == [6]
+    with pytest.raises(ValueError, match="no steady training step"):
+        learning.steps_per_minute({1: {"timing_s/step": 1.0}}, 2)
+
+
+def test_the_parity_grid_runs_a_tasks_own_overrides_in_every_mode(launches, tmp_path):
+    learning.main(
+        ["--grid", "staleness-parity", "--tasks", "graded_fast", "--candidates", "token_is", "partial"]
+        + ["--seeds", "0", "--out", str(tmp_path)]
+    )
+
+    assert len(launches) == 3  # s0, s1 and s1 with partial rollout
+    assert all("actor_rollout_ref.actor.optim.lr=3e-4" in overrides for overrides in launches)
+    modes = {
+        (override(overrides, "async_training.staleness"), "async_training.partial_rollout=true" in overrides)
+        for overrides in launches
+    }
+    assert modes == {(0, False), (1, False), (1, True)}
 
 
 def test_the_partial_rollout_grid_runs_today_at_staleness_1_and_partial_at_the_staleness_asked(launches, tmp_path):

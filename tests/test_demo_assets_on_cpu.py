@@ -37,6 +37,10 @@ from recipe.one_step_off_async.demo.reward import compute_score, reward_function
 from recipe.one_step_off_async.demo.task import (
     DATA_SOURCE,
     GRADED_DATA_SOURCE,
+    LONG_DATA_SOURCE,
+    LONG_MAX_PROMPT_LENGTH,
+    LONG_MAX_RESPONSE_LENGTH,
+    LONG_NUM_LETTERS,
     MAX_PROMPT_LENGTH,
     MAX_RESPONSE_LENGTH,
     NUM_LETTERS,
@@ -186,6 +190,27 @@ def test_graded_task_asks_the_same_problems_under_its_own_data_source(assets):
     assert [row["data_source"] for row in graded] == [GRADED_DATA_SOURCE] * NUM_VAL
     assert [{**row, "data_source": DATA_SOURCE} for row in graded] == exact
     assert pq.read_table(assets.graded_train_file).num_rows == NUM_TRAIN
+
+
+def test_long_sort_task_asks_eight_letters_graded_within_its_profiles_lengths(assets):
+    """The rows of ``one_step_off_ppo_cpu_sort_long``: 8 letters, partial credit, every prompt exactly the profile's
+    data.max_prompt_length tokens and every answer (with eos) within its data.max_response_length."""
+    tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)
+    profile = OmegaConf.load(Path(assets_module.__file__).parents[1] / "config" / "one_step_off_ppo_cpu_sort_long.yaml")
+    assert (profile.data.max_prompt_length, profile.data.max_response_length) == (
+        LONG_MAX_PROMPT_LENGTH,
+        LONG_MAX_RESPONSE_LENGTH,
+    )
+    for path, rows in ((assets.sort_long_train_file, NUM_TRAIN), (assets.sort_long_val_file, NUM_VAL)):
+        table = pq.read_table(path).to_pylist()
+        assert len(table) == rows
+        for row in table:
+            letters = row["prompt"][0]["content"].removeprefix(PROMPT_PREFIX)
+            assert row["data_source"] == LONG_DATA_SOURCE and len(letters) == LONG_NUM_LETTERS
+            assert row["reward_model"]["ground_truth"] == "".join(sorted(letters))
+            assert len(encode_chat_prompt(tokenizer, row["prompt"])) == LONG_MAX_PROMPT_LENGTH
+    assert compute_score(LONG_DATA_SOURCE, "aabcdeff", "aabcdeff") == 1.0
+    assert compute_score(LONG_DATA_SOURCE, "abcdef", "aabcdeff") == pytest.approx(1 / 8)  # repeats dropped
 
 
 def test_every_prompt_and_answer_fits_the_documented_lengths(assets):

@@ -807,3 +807,51 @@ def ray_task_error(cause: BaseException):
     import ray.exceptions
 
     return ray.exceptions.RayTaskError("generate", "traceback", cause)
+
+
+# --- rollout/vllm_ipc.py: the weight-transfer socket scoped to one Ray cluster -----------------------------------
+
+
+def test_vllm_names_its_weight_transfer_socket_by_the_job_id_alone_on_both_ends():
+    """verl 0.9.1 names the socket of each sync's last hop by the Ray job id (the first job of every cluster is
+    01000000): the sender in ServerAdapter.__init__, the engine from VERL_RAY_JOB_ID, which vLLMHttpServer.__init__
+    sets before its engine starts. rollout/vllm_ipc.py scopes both; this fails when verl changes either end."""
+    from verl.workers.rollout.vllm_rollout import utils, vllm_async_server, vllm_rollout
+
+    path = 'f"ipc:///tmp/rl-colocate-zmq-{job_id}-replica-'
+    sender = inspect.getsource(vllm_rollout.ServerAdapter.__init__)
+    assert "job_id = ray.get_runtime_context().get_job_id()" in sender and f"self.zmq_handle = {path}" in sender
+    server = inspect.getsource(vllm_async_server.vLLMHttpServer.__init__)
+    assert 'os.environ["VERL_RAY_JOB_ID"] = ray.get_runtime_context().get_job_id()' in server
+    engine = inspect.getsource(utils.vLLMColocateWorkerExtension._get_zmq_handle)
+    assert 'job_id = os.environ.get("VERL_RAY_JOB_ID", "0")' in engine and f"return {path}" in engine
+    assert "self.server_class = ray.remote(vLLMHttpServer)" in inspect.getsource(vllm_async_server.vLLMReplica)
+    assert "launch_server" in vars(vllm_async_server.vLLMHttpServer)  # the engine starts after __init__
+
+
+def test_both_ends_of_a_sync_name_one_socket_per_cluster_and_verl_resolves_to_them(cpu_ray):
+    from verl.workers.rollout import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from recipe.one_step_off_async.rollout import vllm_ipc
+
+    job_id, scope = cpu_ray.get(
+        cpu_ray.remote(num_cpus=1)(
+            lambda: (__import__("ray").get_runtime_context().get_job_id(), vllm_ipc.cluster_scope())
+        ).remote()
+    )
+    node_id = cpu_ray.get_runtime_context().get_node_id()
+    assert scope == f"{job_id}-{node_id[:12]}"
+    verls = f"ipc:///tmp/rl-colocate-zmq-{job_id}-replica-1-rank-0.sock"
+    sender = vllm_ipc.scoped_handle(verls, job_id, scope)
+    engine = f"ipc:///tmp/rl-colocate-zmq-{scope}-replica-1-rank-0.sock"  # verl's _get_zmq_handle, env = scope
+    assert sender == engine != verls
+    assert sender != vllm_ipc.scoped_handle(verls, job_id, f"{job_id}-{'f' * 12}")  # another cluster's node
+    assert len(sender) - len("ipc://") < 107  # a Unix socket path's limit
+    with pytest.raises(ValueError, match="verl changed it"):
+        vllm_ipc.scoped_handle("ipc:///tmp/another-socket.sock", job_id, scope)
+
+    assert get_rollout_class("vllm", "async") is vllm_ipc.ServerAdapter
+    replica = get_rollout_replica_class("vllm")
+    assert replica is vllm_ipc.vLLMReplica
+    assert vllm_ipc.vLLMHttpServer.__name__ == "vLLMHttpServer"  # process titles and tools name the actor by it

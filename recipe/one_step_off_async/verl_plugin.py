@@ -9,11 +9,14 @@ recipe listed there, so it is the one place that decides what of the recipe runs
   value model loaded with the attention its config names (``platforms/verl_patches.py``);
 - the weight-sync engines ``gloo`` and ``checkpoint`` in verl's ``CheckpointEngineRegistry``, so that
   ``rollout.checkpoint_engine.backend=gloo`` (or ``checkpoint``) works with no ``custom_backend_module``;
-- ROLL's off-policy losses in verl's policy-loss registry.
+- ROLL's off-policy losses in verl's policy-loss registry;
+- verl's vLLM rollout and replica with their weight-transfer socket scoped to one Ray cluster
+  (``rollout/vllm_ipc.py``: two runs on one host would otherwise take each other's syncs).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,12 +30,24 @@ from recipe.one_step_off_async.platforms import cpu, one_gpu  # noqa: E402
 from recipe.one_step_off_async.weight_sync import files, gloo  # noqa: E402, F401  (register the engines)
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+VLLM_IPC_MODULE = "recipe.one_step_off_async.rollout.vllm_ipc"  # imports vLLM: loaded only when verl asks
+
+
+def register_cluster_scoped_vllm() -> None:
+    """verl's registries resolve vLLM's rollout and replica to ``rollout/vllm_ipc.py``'s (by name: nothing of vLLM
+    is imported until verl creates one)."""
+    from verl.workers.rollout import base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    base._ROLLOUT_REGISTRY[("vllm", "async")] = f"{VLLM_IPC_MODULE}.ServerAdapter"
+    RolloutReplicaRegistry.register("vllm", lambda: importlib.import_module(VLLM_IPC_MODULE).vLLMReplica)
 
 
 def apply() -> None:
     """Patch verl for the selected platform, in this process (idempotent)."""
     verl_patches.apply()
     one_gpu.apply()
+    register_cluster_scoped_vllm()
 
 
 def worker_env(config: DictConfig) -> dict[str, str]:

@@ -7,7 +7,7 @@ first if ``<cache_dir>/assets-<ASSETS_VERSION>-seed<seed>/`` does not exist yet:
     reward_model/   tokenizer + a Qwen2 sequence classifier (one label): reward.reward_model.model_path
     tool_model/     the model above, fine-tuned to call the demo's tool (tool_task.py)
     vision_model/   a tiny Qwen2.5-VL, randomly initialised, with its tokenizer and processor (vision_task.py)
-    {,graded_,long_tail_,heavy_tail_,tool_,vision_}{train,val}.parquet   the tasks' splits in verl's RL format
+    {,graded_,sort_long_,long_tail_,heavy_tail_,tool_,vision_}{train,val}.parquet   the tasks' splits in verl's RL format
     long_tail_agent_loop.yaml   registers the long-tail tasks' agent loop (long_tail.py)
     manifest.json   what was built and the warm start's val accuracy; written last
 
@@ -43,6 +43,8 @@ from recipe.one_step_off_async.demo.model import init_model, init_reward_model, 
 from recipe.one_step_off_async.demo.reward import compute_score, reward_function_path
 from recipe.one_step_off_async.demo.task import (
     GRADED_DATA_SOURCE,
+    LONG_DATA_SOURCE,
+    LONG_NUM_LETTERS,
     MAX_PROMPT_LENGTH,
     MAX_RESPONSE_LENGTH,
     split_problems,
@@ -55,8 +57,8 @@ from recipe.one_step_off_async.demo.warm_start import reproducible_torch, warm_s
 logger = logging.getLogger(__name__)
 
 # v1: a tokenizer that did not survive save + reload; v2: no long-tail task; v3: no graded sort task;
-# v4: no reward model; v5: no tool-use task; v6: no heavy-tail task; v7: no vision task
-ASSETS_VERSION = "v8"
+# v4: no reward model; v5: no tool-use task; v6: no heavy-tail task; v7: no vision task; v8: no long sort task
+ASSETS_VERSION = "v9"
 CACHE_DIR_ENV = "ONE_STEP_OFF_ASSETS_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/one_step_off_async"
 MANIFEST = "manifest.json"
@@ -84,6 +86,8 @@ class DemoAssets:
     val_sampled_accuracy: float  # same, one sample per prompt at temperature 1
     graded_train_file: str  # the graded sort task: same problems, partial credit
     graded_val_file: str
+    sort_long_train_file: str  # the long sort task: eight letters, partial credit
+    sort_long_val_file: str
     long_tail_train_file: str  # the long-tail task (long_tail.py), same model and reward
     long_tail_val_file: str
     long_tail_agent_loop_config: str  # actor_rollout_ref.rollout.agent.agent_loop_config_path
@@ -171,6 +175,7 @@ def _build(out_dir: Path, seed: int) -> None:
     data_files = [
         *write_splits(problems, out_dir).values(),
         *write_splits(problems, out_dir, GRADED_DATA_SOURCE, prefix="graded_").values(),
+        *write_splits(split_problems(seed, LONG_NUM_LETTERS), out_dir, LONG_DATA_SOURCE, prefix="sort_long_").values(),
         *long_tail.write_splits(out_dir, seed).values(),
         *long_tail.write_splits(out_dir, seed, long_tail.HEAVY_TAIL).values(),
         *tool_task.write_splits(problems, out_dir).values(),

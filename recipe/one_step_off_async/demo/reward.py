@@ -1,7 +1,7 @@
 """Rule-based reward of the demo task, for verl's ``reward.custom_reward_function``.
 
 What: ``compute_score`` scores a decoded response with the scorer of its row's task (by ``data_source``):
-the sort task's, exact or graded (``task.py``), the long-tail tasks' (``long_tail.py``), the tool-use
+the sort task's, exact or graded, five letters or eight (``task.py``), the long-tail tasks' (``long_tail.py``), the tool-use
 task's (``tool_task.py``), the vision task's (``vision_task.py``). verl's reward managers decode the response
 with ``skip_special_tokens=True``, so a sort answer that never emits ``<|im_end|>`` carries the tokens sampled after it and scores 0.0.
 
@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from recipe.one_step_off_async.demo import long_tail, tool_task, vision_task
-from recipe.one_step_off_async.demo.task import DATA_SOURCE, GRADED_DATA_SOURCE, score_answer, score_positions
+from recipe.one_step_off_async.demo.task import (
+    DATA_SOURCE,
+    GRADED_DATA_SOURCE,
+    LONG_DATA_SOURCE,
+    score_answer,
+    score_positions,
+)
 
 
 def compute_score(
@@ -22,7 +28,7 @@ def compute_score(
     """Score one response; garbage text scores 0.0, a row of another dataset raises ``ValueError``."""
     if data_source == DATA_SOURCE:
         return score_answer(solution_str, ground_truth)
-    if data_source == GRADED_DATA_SOURCE:
+    if data_source in (GRADED_DATA_SOURCE, LONG_DATA_SOURCE):
         return score_positions(solution_str, ground_truth)
     if data_source == long_tail.DATA_SOURCE:
         return long_tail.score_repeat(solution_str, ground_truth, long_tail.scored_budget(extra_info))

@@ -6,7 +6,11 @@ letter. The reward and the offline accuracy check both score answers with ``scor
 
 The graded variant (``GRADED_DATA_SOURCE``, the ``one_step_off_ppo_cpu_graded`` profile) gives partial credit
 (``score_positions``), so advantages within a group are not just the sign of a binary reward, as with graded
-rewards in practice; the off-policy correction is measured on both.
+rewards in practice; the off-policy correction is measured on both. The long variant (``LONG_DATA_SOURCE``, the
+``one_step_off_ppo_cpu_sort_long`` profile) sorts ``LONG_NUM_LETTERS`` letters with partial credit: answers
+half again as long, a repeated letter in nearly every problem, and a warm start that scores 0.34 of the
+positions, so every group carries signal and the policy moves fast (``python -m benchmarks learning --grid
+default-mode`` measures what staleness costs on it).
 
 Why this task: prompts (18 tokens with the chat template) and answers (at most 6 tokens incl.
 eos) are short, so a 0.4M-parameter model trains in seconds on one CPU core, and repeated letters
@@ -22,9 +26,11 @@ import pyarrow.parquet as pq
 
 DATA_SOURCE = "one_step_off_async/sort_letters"
 GRADED_DATA_SOURCE = "one_step_off_async/sort_letters_graded"
+LONG_DATA_SOURCE = "one_step_off_async/sort_letters_long"
 ABILITY = "sorting"
 ALPHABET = "abcdefghij"
 NUM_LETTERS = 5
+LONG_NUM_LETTERS = 8
 PROMPT_PREFIX = "sort "
 NUM_TRAIN = 4096
 NUM_VAL = 128
@@ -32,6 +38,8 @@ NUM_VAL = 128
 # plus one token per character of the content; an answer is one token per letter plus eos.
 MAX_PROMPT_LENGTH = 8 + len(PROMPT_PREFIX) + NUM_LETTERS
 MAX_RESPONSE_LENGTH = NUM_LETTERS + 1
+LONG_MAX_PROMPT_LENGTH = 8 + len(PROMPT_PREFIX) + LONG_NUM_LETTERS
+LONG_MAX_RESPONSE_LENGTH = LONG_NUM_LETTERS + 1
 
 
 def row_schema(*extra_info: tuple[str, pa.DataType]) -> pa.Schema:
@@ -64,12 +72,12 @@ class Problem:
         return "".join(sorted(self.letters))
 
 
-def split_problems(seed: int) -> dict[str, list[Problem]]:
+def split_problems(seed: int, num_letters: int = NUM_LETTERS) -> dict[str, list[Problem]]:
     """Disjoint ``train`` and ``val`` lists of distinct problems, the same lists for the same ``seed``."""
     base = len(ALPHABET)
-    codes = random.Random(seed).sample(range(base**NUM_LETTERS), NUM_VAL + NUM_TRAIN)
+    codes = random.Random(seed).sample(range(base**num_letters), NUM_VAL + NUM_TRAIN)
     # A code's letters are its digits in base len(ALPHABET), the least significant first.
-    problems = [Problem("".join(ALPHABET[code // base**i % base] for i in range(NUM_LETTERS))) for code in codes]
+    problems = [Problem("".join(ALPHABET[code // base**i % base] for i in range(num_letters))) for code in codes]
     return {"val": problems[:NUM_VAL], "train": problems[NUM_VAL:]}
 
 
