@@ -142,7 +142,7 @@ def validation_curve(metrics: dict[int, dict]) -> Curve:
 def steps_per_minute(metrics: dict[int, dict], steps: int) -> float:
     """60 / the median ``timing_s/step`` of steps 3..steps-1 that did not validate: steps 1-2 fill the pipeline and
     warm up, the last has nothing left to generate (as ``python -m benchmarks overlap`` reads them); the median, so
-    that one sync stalled by the machine's load (``stalled_syncs``) does not set a mode's pace."""
+    that one stalled sync (``stalled_syncs``) does not set a mode's pace."""
     times = [
         values["timing_s/step"]
         for step, values in metrics.items()
@@ -168,7 +168,8 @@ def say(line: str) -> None:
     print(line + "\n", end="", flush=True)
 
 
-def measured(folder: Path, curve: Curve, steps: int) -> Measured:
+def read_run(folder: Path, curve: Curve, steps: int) -> Measured:
+    """What a finished run's folder holds beyond its curve: its pace, stalls, sampler mismatch and lengths."""
     metrics = runs.read_metrics(folder / runs.METRICS)
 
     def mean_of(key: str) -> float:
@@ -186,15 +187,15 @@ def measured(folder: Path, curve: Curve, steps: int) -> Measured:
 
 def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> Measured:
     """What ``trial`` measured, run now unless its folder holds a finished run with the same settings. A run that
-    fails is launched once more (a sync can stall past its timeout on a machine running several grids' runs); a
-    second failure stops the grid."""
+    fails is launched once more, so that one transient failure does not end a grid of hours; a second failure stops
+    the grid."""
     overrides = (f"data.seed={trial.seed}", f"actor_rollout_ref.rollout.seed={trial.seed}", *trial.overrides, *extra)
     settings = {"overrides": list(overrides), "steps": steps, "test_freq": test_freq, "config": trial.profile}
     done = trial.folder / VALIDATION
     if done.exists():
         saved = json.loads(done.read_text())
         if {key: saved.get(key) for key in settings} == settings:
-            return measured(trial.folder, {int(step): value for step, value in saved["curve"].items()}, steps)
+            return read_run(trial.folder, {int(step): value for step, value in saved["curve"].items()}, steps)
         say(f"{trial.folder}: measured with other settings ({saved.get('overrides')}); running it again")
     for attempt in (1, 2):
         if trial.folder.exists():  # an interrupted or failed run, or other settings: start it again
@@ -219,7 +220,7 @@ def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> M
     if steps not in curve or 0 not in curve:
         raise RunFailed(f"{trial.label}: no validation at step 0 and {steps}; see {trial.folder / runs.OUTPUT}")
     done.write_text(json.dumps({**settings, "curve": curve}))
-    result = measured(trial.folder, curve, steps)
+    result = read_run(trial.folder, curve, steps)
     stalls = f", syncs stalled at steps {result.stalled_syncs}" if result.stalled_syncs else ""
     say(f"{trial.label}: {run.seconds:.0f} s, {result.steps_per_minute:.1f} steps/min{stalls}")
     return result
