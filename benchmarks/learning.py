@@ -15,8 +15,11 @@ failure stops the grid. Hydra overrides after ``--`` go to every run of the grid
 modes and off-policy corrections, measured side by side. The CPU profile's real entry point, STEPS steps per run,
 on the built-in sort task (``binary``: all or nothing), its graded variant (``graded``: partial credit per
 position), the eight-letter graded sort (``sort_long``: answers half again as long, a warm start further from
-the answer) and the graded task at three times the learning rate (``graded_fast``: a policy that moves faster
-per step), for each candidate at staleness 1 and its staleness-0 baseline, over paired seeds (the s1 and s0 runs
+the answer), the graded task at three, five and ten times the learning rate (``graded_fast``, ``graded_lr5e-4``,
+``graded_lr1e-3``: a policy that moves faster per step, up to where staleness 0 itself stops learning) and with
+four optimizer updates per step (``graded_updates4``), and the generation-bound task at three times the learning
+rate (``generation_bound_fast``: generation longer than training, so partial rollout's tokens are fresher), for
+each candidate at staleness 1 and its staleness-0 baseline, over paired seeds (the s1 and s0 runs
 of a seed train on the same prompts in the same order). Validation every PARITY_TEST_FREQ steps on the 128
 held-out prompts (greedy). Printed per task and candidate:
 
@@ -27,14 +30,16 @@ held-out prompts (greedy). Printed per task and candidate:
 - steps/min: each mode's own pace, 60 / the median step time of its steady steps that did not validate (the
   runs of a seed go side by side, ``--jobs`` at a time, so they share the machine's load), and the gain per
   minute, gain x steps/min / STEPS;
+- what the s1 runs trained on: the sampler's distance from the trainer (verl's ``rollout_corr/kl``, logged in
+  decoupled mode only) and the mean staleness of the tokens (below 1 where partial rollout resumed samples);
 - the curve: mean validation per validated step, s1 and s0.
 
 At staleness 0 the rollout samples with the actor's exact weights, so the candidates that differ only
 in ``algorithm.rollout_correction`` (and partial rollout, which at staleness 0 has nothing in flight
 to interrupt) share one staleness-0 baseline; a policy loss gets its own. Why: the recipe promises faster
-steps with the same learning. The default correction must be the one that keeps staleness 1's gain
-closest to staleness 0's, measured on a task where advantages are graded as well as on the binary one
-(docs/advance/one_step_off_async/configuration.md, "Off-policy correction: the default and why"). The
+steps with the same learning. The default mode and correction must keep staleness 1's gain closest to
+staleness 0's on every task, a fast-moving policy's included (docs/advance/one_step_off_async/configuration.md,
+"Off-policy correction: the default and why"). The
 s1/s0 ratio is unstable when a baseline gains little: read it with the paired difference. ``partial``
 depends on timing (where a sync interrupts a request), so its runs vary with the load of the machine
 more than the others. A summary (per-seed finals, curves, the table) goes to ``<out>/summary.json`` for
@@ -65,10 +70,10 @@ How (from the repository root, with the project's virtualenv active)::
 
     # staleness parity, screen: every candidate, graded task, 4 seeds
     python -m benchmarks learning --grid staleness-parity --tasks graded --seeds 0 1 2 3
-    # the default mode's decision: today's mode and partial rollout against staleness 0, 8 paired seeds per task
-    python -m benchmarks learning --grid staleness-parity --tasks sort_long graded_fast --candidates token_is partial \
-        --seeds 0 1 2 3 4 5 6 7
-    # confirm: today's default and the best candidates on fresh seeds (not those the screen picked on)
+    # the default's decision: bypass mode, decoupled token-level IS and partial rollout against staleness 0
+    python -m benchmarks learning --grid staleness-parity --tasks graded_lr5e-4 sort_long graded_fast \
+        --candidates token_is partial bypass --seeds 0 1 2 3 4 5 6 7
+    # confirm: the default and the best candidates on fresh seeds (not those the screen picked on)
     python -m benchmarks learning --grid staleness-parity --tasks graded binary --seeds 4 5 6 7 8 9 10 11 \\
         --candidates token_is bypass no_correction
     python -m benchmarks learning --grid partial-rollout                 # 3 seeds, 30 steps, both tasks
@@ -110,9 +115,12 @@ class Measured:
     steps_per_minute: float  # over its steady training steps
     stalled_syncs: list[int]  # steps whose sync took STALLED_SYNC_S or more
     # Means over steps 2 on: how far the sampling policy was from the one that trained on its tokens (verl's
-    # rollout_corr/kl, per token; 0 at staleness 0 up to numerics), and the response length in tokens.
+    # rollout_corr/kl, per token; 0 at staleness 0 up to numerics), the response length in tokens, and the mean
+    # staleness of the tokens trained on (async/staleness_mean: below the staleness where partial rollout resumed
+    # samples under newer weights).
     mismatch_kl: float
     response_length: float
+    token_staleness: float
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,7 @@ def read_run(folder: Path, curve: Curve, steps: int) -> Measured:
         stalled_syncs(metrics),
         mean_of("rollout_corr/kl"),
         mean_of("response_length/mean"),
+        mean_of("async/staleness_mean"),
     )
 
 
@@ -273,32 +282,59 @@ PARITY_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sort_long": ("one_step_off_ppo_cpu_sort_long", ()),  # eight letters, partial credit: longer answers
     # The graded task with a policy that moves three times as fast per step.
     "graded_fast": ("one_step_off_ppo_cpu_graded", ("actor_rollout_ref.actor.optim.lr=3e-4",)),
+    # The graded task at five and ten times the learning rate: near and past the step size at which staleness 0
+    # itself stops learning.
+    "graded_lr5e-4": ("one_step_off_ppo_cpu_graded", ("actor_rollout_ref.actor.optim.lr=5e-4",)),
+    "graded_lr1e-3": ("one_step_off_ppo_cpu_graded", ("actor_rollout_ref.actor.optim.lr=1e-3",)),
+    # The graded task with four optimizer updates per step (mini-batches of 4 prompts), as verl's defaults split a
+    # batch: the policy moves four updates between a batch's sampling and its training.
+    "graded_updates4": (
+        "one_step_off_ppo_cpu_graded",
+        ("actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"),
+    ),
+    # The generation-bound task (answers of 2-480 tokens, generation longer than training) at three times the
+    # learning rate: where partial rollout's tokens are fresher (about 0.7 of a version stale at staleness 1).
+    "generation_bound_fast": (
+        "one_step_off_ppo_cpu_generation_bound",
+        ("actor_rollout_ref.actor.optim.lr=3e-4",),
+    ),
 }
 CORRECTION = "algorithm.rollout_correction"
 LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
-# candidate: (overrides at both stalenesses, name of its staleness-0 baseline)
+# verl's bypass mode (the profiles' default): PPO clip on pi / pi_rollout, no recomputed old log-prob. Decoupled
+# mode: the actor recomputes old log-probs (PPO's anchor), IS weights pi_old / pi_rollout; the recipe's losses and
+# verl's other loss modes need it. Each candidate names its mode, so that its runs keep their meaning (and a grid
+# resumes) whichever the default is.
+BYPASS = [f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_is=null"]
+DECOUPLED_MODE = [f"{CORRECTION}.bypass_mode=false"]
+TOKEN_IS = [*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=token"]  # pi_old / pi_rollout per token, capped at 2
+# candidate: (overrides at staleness 1, name of its staleness-0 baseline)
 CANDIDATES: dict[str, tuple[list[str], str]] = {
-    # The recipe's default today: decoupled PPO, token-level truncated IS (pi_old / pi_rollout, capped at 2).
-    "token_is": ([], "ppo"),
-    # verl's bypass mode: no recomputed old log-prob, PPO clip on pi / pi_rollout.
-    "bypass": ([f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_is=null"], "ppo"),
+    "bypass": (BYPASS, "ppo"),
+    # Decoupled PPO with token-level truncated IS: the default before bypass.
+    "token_is": (TOKEN_IS, "ppo"),
     # Sequence-level truncated IS (product of token ratios, capped at 2).
-    "seq_is": ([f"{CORRECTION}.rollout_is=sequence"], "ppo"),
+    "seq_is": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=sequence"], "ppo"),
     # Decoupled PPO with no IS weight: the stale samples taken as if on-policy.
-    "no_correction": ([f"{CORRECTION}.rollout_is=null"], "ppo"),
+    "no_correction": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=null"], "ppo"),
     # Token-level IS with a looser cap.
-    "token_is_cap5": ([f"{CORRECTION}.rollout_is_threshold=5.0"], "ppo"),
-    # Partial rollout (today's correction): requests in flight continue under the new weights.
-    "partial": (["async_training.partial_rollout=true"], "ppo"),
-    # The off-policy losses (with today's correction); each has its own staleness-0 baseline.
-    "kimi15": ([f"{LOSS}=kimi15"], "kimi15"),
-    "topr": ([f"{LOSS}=topr"], "topr"),
-    "cispo": ([f"{LOSS}=cispo"], "cispo"),
+    "token_is_cap5": ([*TOKEN_IS, f"{CORRECTION}.rollout_is_threshold=5.0"], "ppo"),
+    # Partial rollout, requests in flight continuing under the new weights, with decoupled token-level IS (as
+    # measured on the configuration page) and with the default.
+    "partial": (["async_training.partial_rollout=true", *TOKEN_IS], "ppo"),
+    "partial_bypass": (["async_training.partial_rollout=true", *BYPASS], "ppo"),
+    # The off-policy losses (decoupled, token-level IS); each has its own staleness-0 baseline.
+    "kimi15": ([f"{LOSS}=kimi15", *TOKEN_IS], "kimi15"),
+    "topr": ([f"{LOSS}=topr", *TOKEN_IS], "topr"),
+    "cispo": ([f"{LOSS}=cispo", *TOKEN_IS], "cispo"),
 }
 
 
 def baseline_overrides(baseline: str) -> list[str]:
-    return [] if baseline == "ppo" else [f"{LOSS}={baseline}"]
+    """A staleness-0 baseline's overrides: at staleness 0 the rollout samples with the actor's exact weights, so bypass
+    and decoupled mode, with or without IS, train alike (up to 1e-6; decoupled mode's steps are slower by its
+    log-prob pass); a loss needs decoupled mode."""
+    return BYPASS if baseline == "ppo" else [f"{LOSS}={baseline}", *TOKEN_IS]
 
 
 def final(curve: Curve) -> float:
@@ -347,6 +383,7 @@ def compare(s1: dict[int, Measured], s0: dict[int, Measured]) -> dict:
         "gain_per_minute_s0": statistics.mean(gain0) * pace0 / STEPS,
         "mismatch_kl_s1": statistics.mean(s1[seed].mismatch_kl for seed in seeds),
         "response_length_s1": statistics.mean(s1[seed].response_length for seed in seeds),
+        "token_staleness_s1": statistics.mean(s1[seed].token_staleness for seed in seeds),
         "stalled_syncs_s1": sum(len(s1[seed].stalled_syncs) for seed in seeds),
         "stalled_syncs_s0": sum(len(s0[seed].stalled_syncs) for seed in seeds),
         "final_s1": [final(c1[seed]) for seed in seeds],
@@ -356,6 +393,14 @@ def compare(s1: dict[int, Measured], s0: dict[int, Measured]) -> dict:
         "curves_s1": c1,
         "curves_s0": c0,
     }
+
+
+def mismatch(row: dict) -> str:
+    """The s1 runs' KL(sampler || trainer) per token and per response; verl logs it in decoupled mode only."""
+    kl, length = row["mismatch_kl_s1"], row["response_length_s1"]
+    if math.isnan(kl):
+        return "not logged (bypass mode)"
+    return f"{kl:.2e} per token x {length:.1f} tokens = {kl * length:.2e} per response"
 
 
 def print_parity_table(task: str, rows: dict[str, dict]) -> None:
@@ -380,8 +425,8 @@ def print_parity_table(task: str, rows: dict[str, dict]) -> None:
     print(
         "\nWhat the s1 runs trained on: "
         + "; ".join(
-            f"`{name}` KL(sampler || trainer) {row['mismatch_kl_s1']:.2e} per token x {row['response_length_s1']:.1f} "
-            f"tokens = {row['mismatch_kl_s1'] * row['response_length_s1']:.2e} per response, syncs of "
+            f"`{name}` KL(sampler || trainer) {mismatch(row)}, mean token staleness "
+            f"{row['token_staleness_s1']:.2f}, syncs of "
             f"{STALLED_SYNC_S:g} s or more s1 / s0: {row['stalled_syncs_s1']} / {row['stalled_syncs_s0']}"
             for name, row in rows.items()
         )
@@ -592,7 +637,7 @@ class LossTable:
                     loss_table_folder(args.out, row, staleness, seed),
                     "one_step_off_ppo_cpu",
                     seed,
-                    (f"async_training.staleness={staleness}", f"{LOSS}={loss}", *options),
+                    (f"async_training.staleness={staleness}", f"{LOSS}={loss}", *options, *TOKEN_IS),
                 )
         return trials
 

@@ -30,7 +30,8 @@
 # (multi-turn, a reward model, LoRA, GAE, elastic).
 #
 # The probability bounds: training/rollout_probs_diff_max is max |p_actor - p_rollout| over the batch's response
-# tokens (probabilities, not log-probabilities; verl.utils.debug.metrics). At step 1 both sides hold v0, which
+# tokens (probabilities, not log-probabilities; verl.utils.debug.metrics), logged in decoupled mode (the run sets it:
+# the profiles' bypass mode recomputes no log-probs to compare). At step 1 both sides hold v0, which
 # vLLM (started with dummy weights) received through the nccl sync: the difference is numerics alone, bf16 on
 # both sides with different kernels: 0.006 measured on an H100 over the short task's ~400 tokens; a batch of this
 # task holds ~20 times more tokens, whose largest difference is larger: bound PROBS_DIFF_BOUND_SAME (0.05). From
@@ -200,6 +201,7 @@ EOF
     VERL_FILE_LOGGER_PATH="$LOG_DIR/recipe.metrics.jsonl" timeout -k 15 "$timeout_s" \
       "$PYTHON" -m recipe.one_step_off_async.main_ppo --config-name=one_step_off_ppo_1gpu \
       async_training.staleness=1 async_training.partial_rollout=true trainer.total_training_steps="$STEPS" \
+      algorithm.rollout_correction.bypass_mode=false algorithm.rollout_correction.rollout_is=token \
       trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 \
       'trainer.logger=[console,file]' trainer.experiment_name=gpu_verify "trainer.default_local_dir=$run_dir/ckpt" \
       async_training.generation_timeout_s=180 async_training.sync_timeout_s=90 \

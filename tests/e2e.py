@@ -65,8 +65,13 @@ def checkpoint_engine(weights_dir) -> tuple[str, ...]:
     return (f"{engine}.backend=checkpoint", f"+{engine}.engine_kwargs.checkpoint.dir={weights_dir}")
 
 
+# verl's decoupled mode: the losses other than vanilla need it (the launch refuses them in the profiles' bypass mode), and it logs
+# training/rollout_probs_diff_* (the actor's recomputed log-probs against the rollout's: the syncs are exact).
+DECOUPLED = ("algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_correction.rollout_is=token")
+
+
 def loss_overrides(loss: str) -> tuple[str, ...]:
-    return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0])
+    return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0], *DECOUPLED)
 
 
 def contract_version(step: int, staleness: int, interval: int, start: int = 0, critic_warmup: int = 0) -> int:

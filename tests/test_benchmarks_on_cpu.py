@@ -25,6 +25,7 @@ and the cheapest one measures end to end.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import json
@@ -304,6 +305,28 @@ def test_the_parity_grid_runs_a_tasks_own_overrides_in_every_mode(launches, tmp_
         for overrides in launches
     }
     assert modes == {(0, False), (1, False), (1, True)}
+
+
+def test_every_trial_of_the_parity_grid_passes_the_launch_checks():
+    """Every task in both modes at both stalenesses, and every candidate on one task, pass the launch's config and
+    loss checks (a mini-batch its micro-batch does not divide, a loss in bypass mode: refused here, not an hour into
+    a grid)."""
+    from hydra import compose, initialize_config_module
+
+    from recipe.one_step_off_async.async_config import config_problems
+    from recipe.one_step_off_async.losses import policy_loss_problems
+
+    def trials(tasks: list[str], candidates: list[str]) -> dict:
+        args = argparse.Namespace(tasks=tasks, candidates=candidates, seeds=[0], out=Path("unused"))
+        return learning.StalenessParity().trials(args)
+
+    trials = trials(list(learning.PARITY_TASKS), ["token_is", "partial"]) | trials(
+        ["binary"], list(learning.CANDIDATES)
+    )
+    with initialize_config_module(config_module="recipe.one_step_off_async.config", version_base=None):
+        for trial in trials.values():
+            config = compose(config_name=trial.profile, overrides=list(trial.overrides))
+            assert not (config_problems(config) + policy_loss_problems(config)).problems, trial.label
 
 
 def test_the_partial_rollout_grid_runs_today_at_staleness_1_and_partial_at_the_staleness_asked(launches, tmp_path):

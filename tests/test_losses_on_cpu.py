@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from e2e import DECOUPLED
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, get_policy_loss_fn
@@ -306,10 +307,12 @@ def test_losses_take_the_arguments_verl_passes():
             ["+actor_rollout_ref.actor.policy_loss.kimi_tau=0.5"],
             r"Unknown key\(s\) actor_rollout_ref.actor.policy_loss.kimi_tau",
         ),
+        # In the profiles' bypass mode (pi_old = the rollout's log-probs, no IS) every loss but vanilla is refused.
         (
             ["actor_rollout_ref.actor.policy_loss.loss_mode=topr", "algorithm.rollout_correction.bypass_mode=true"],
             r"loss_mode='topr' with algorithm.rollout_correction.bypass_mode=true",
         ),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=cispo"], r"loss_mode='cispo' with .*bypass_mode=true"),
     ],
 )
 def test_bad_loss_config_names_the_key(overrides, message):
@@ -350,7 +353,8 @@ def test_the_loss_check_leaves_verls_own_sections_under_policy_loss_to_verl():
 
 @pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
 def test_good_loss_config_validates(loss):
-    config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}")
+    """Every loss in decoupled mode (which they need; the profiles' bypass mode refuses all but vanilla)."""
+    config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *DECOUPLED)
     validate_config(config)
     assert not policy_loss_problems(config).problems
     params = compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items()))

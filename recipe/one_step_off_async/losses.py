@@ -112,10 +112,13 @@ def policy_loss_problems(config: DictConfig) -> Problems:
             f"{POLICY_LOSS}.tis_lower_bound={low!r} is above {POLICY_LOSS}.tis_upper_bound={high!r}; the truncation "
             "range must be [lower, upper]."
         )
-    if mode in LOSS_MODES and OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode"):
+    if mode not in (None, "vanilla") and OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode"):
         problems.append(
-            f"{POLICY_LOSS}.loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=true: verl's bypass mode "
-            "replaces the loss with its own `bypass_mode` loss. Set bypass_mode=false."
+            f"{POLICY_LOSS}.loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=true (the recipe's "
+            "default): bypass mode gives the loss the rollout's log-probs as pi_old and no importance weights, which "
+            "this loss is not built for (and verl swaps the driver's loss_mode for its own). Set "
+            "algorithm.rollout_correction.bypass_mode=false and algorithm.rollout_correction.rollout_is=token "
+            "(decoupled PPO: old log-probs recomputed, token-level IS)."
         )
     return Problems(problems)
 

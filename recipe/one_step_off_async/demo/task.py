@@ -9,8 +9,8 @@ The graded variant (``GRADED_DATA_SOURCE``, the ``one_step_off_ppo_cpu_graded`` 
 rewards in practice; the off-policy correction is measured on both. The long variant (``LONG_DATA_SOURCE``, the
 ``one_step_off_ppo_cpu_sort_long`` profile) sorts ``LONG_NUM_LETTERS`` letters with partial credit: answers
 half again as long, a repeated letter in nearly every problem, and a warm start that scores 0.34 of the
-positions, so every group carries signal and the policy moves fast (``python -m benchmarks learning --grid
-default-mode`` measures what staleness costs on it).
+positions, so every group carries signal (``python -m benchmarks learning --grid staleness-parity --tasks
+sort_long`` measures what staleness costs on it).
 
 Why this task: prompts (18 tokens with the chat template) and answers (at most 6 tokens incl.
 eos) are short, so a 0.4M-parameter model trains in seconds on one CPU core, and repeated letters
