@@ -100,6 +100,7 @@ from typing import Protocol
 
 from benchmarks import argument_parser
 from recipe.one_step_off_async import runs
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.errors import RunFailed
 
 VALIDATION = "validation.json"  # in a finished run's folder: its settings and validation curve
@@ -307,7 +308,7 @@ LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
 # resumes) whichever the default is.
 BYPASS = [f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_is=null"]
 DECOUPLED_MODE = [f"{CORRECTION}.bypass_mode=false"]
-TOKEN_IS = [*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=token"]  # pi_old / pi_rollout per token, capped at 2
+TOKEN_IS = list(DECOUPLED_OVERRIDES)  # pi_old / pi_rollout per token, capped at 2
 # candidate: (overrides at staleness 1, name of its staleness-0 baseline)
 CANDIDATES: dict[str, tuple[list[str], str]] = {
     "bypass": (BYPASS, "ppo"),

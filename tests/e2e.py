@@ -19,6 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 from recipe.one_step_off_async import runs
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.runs import Run
 
 CPU_PROFILE = "one_step_off_ppo_cpu"
@@ -65,9 +66,8 @@ def checkpoint_engine(weights_dir) -> tuple[str, ...]:
     return (f"{engine}.backend=checkpoint", f"+{engine}.engine_kwargs.checkpoint.dir={weights_dir}")
 
 
-# verl's decoupled mode: the losses other than vanilla need it (the launch refuses them in the profiles' bypass mode), and it logs
-# training/rollout_probs_diff_* (the actor's recomputed log-probs against the rollout's: the syncs are exact).
-DECOUPLED = ("algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_correction.rollout_is=token")
+# Runs that train a loss other than vanilla, or check that syncs are exact (training/rollout_probs_diff_*), set it.
+DECOUPLED = DECOUPLED_OVERRIDES
 
 
 def loss_overrides(loss: str) -> tuple[str, ...]:

@@ -36,6 +36,12 @@ PARTIAL_ROLLOUT_EXCLUDES = {
 }
 
 CONSOLE_FORMATS = ("compact", "verl")
+# verl's decoupled mode with token-level IS (old log-probs recomputed, pi_old / pi_rollout per token): what every
+# loss but vanilla needs (losses.py refuses them in the profiles' bypass mode) and what logs the exact-sync check.
+DECOUPLED_OVERRIDES = (
+    "algorithm.rollout_correction.bypass_mode=false",
+    "algorithm.rollout_correction.rollout_is=token",
+)
 # A replica's devices: the product of these sizes of its rollout config.
 PARALLEL_SIZES = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 # verl's advantage estimators the pipeline refuses, with the reason (the others run: the support matrix

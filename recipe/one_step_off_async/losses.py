@@ -27,6 +27,7 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.errors import OffPolicyCorrectionError
 from recipe.one_step_off_async.schema import Check, Problems, unknown_keys, value_problems
 
@@ -116,9 +117,8 @@ def policy_loss_problems(config: DictConfig) -> Problems:
         problems.append(
             f"{POLICY_LOSS}.loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=true (the recipe's "
             "default): bypass mode gives the loss the rollout's log-probs as pi_old and no importance weights, which "
-            "this loss is not built for (and verl swaps the driver's loss_mode for its own). Set "
-            "algorithm.rollout_correction.bypass_mode=false and algorithm.rollout_correction.rollout_is=token "
-            "(decoupled PPO: old log-probs recomputed, token-level IS)."
+            f"this loss is not built for (and verl swaps the driver's loss_mode for its own). Set "
+            f"{' '.join(DECOUPLED_OVERRIDES)} (decoupled PPO: old log-probs recomputed, token-level IS)."
         )
     return Problems(problems)
 
