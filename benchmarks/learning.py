@@ -281,6 +281,8 @@ PARITY_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "binary": ("one_step_off_ppo_cpu", ()),  # the sort task, all or nothing
     "graded": ("one_step_off_ppo_cpu_graded", ()),  # partial credit per position
     "sort_long": ("one_step_off_ppo_cpu_sort_long", ()),  # eight letters, partial credit: longer answers
+    # The long-tail task (answers of 2-480 tokens, one budget per problem): a batch's longest answers idle the rollout.
+    "long_tail": ("one_step_off_ppo_cpu_long_tail", ()),
     # The graded task with a policy that moves three times as fast per step.
     "graded_fast": ("one_step_off_ppo_cpu_graded", ("actor_rollout_ref.actor.optim.lr=3e-4",)),
     # The graded task at five and ten times the learning rate: near and past the step size at which staleness 0
