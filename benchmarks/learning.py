@@ -116,7 +116,8 @@ class Measured:
     steps_per_minute: float  # over its steady training steps
     stalled_syncs: list[int]  # steps whose sync took STALLED_SYNC_S or more
     # Means over steps 2 on: how far the sampling policy was from the one that trained on its tokens (verl's
-    # rollout_corr/kl, per token; 0 at staleness 0 up to numerics), the response length in tokens, and the mean
+    # rollout_corr/kl per token, the driver's in decoupled mode, the actor's in bypass mode; 0 at staleness 0 up to
+    # numerics), the response length in tokens, and the mean
     # staleness of the tokens trained on (async/staleness_mean: below the staleness where partial rollout resumed
     # samples under newer weights).
     mismatch_kl: float
@@ -181,15 +182,19 @@ def read_run(folder: Path, curve: Curve, steps: int) -> Measured:
     """What a finished run's folder holds beyond its curve: its pace, stalls, sampler mismatch and lengths."""
     metrics = runs.read_metrics(folder / runs.METRICS)
 
-    def mean_of(key: str) -> float:
-        values = [step_values[key] for step, step_values in metrics.items() if step >= 2 and key in step_values]
-        return statistics.mean(values) if values else float("nan")
+    def mean_of(*keys: str) -> float:
+        """The mean over steps 2 on of the first of ``keys`` the run logged."""
+        for key in keys:
+            values = [step_values[key] for step, step_values in metrics.items() if step >= 2 and key in step_values]
+            if values:
+                return statistics.mean(values)
+        return float("nan")
 
     return Measured(
         curve,
         steps_per_minute(metrics, steps),
         stalled_syncs(metrics),
-        mean_of("rollout_corr/kl"),
+        mean_of("rollout_corr/kl", "actor/rollout_corr/kl"),  # the driver's in decoupled mode, the actor's in bypass
         mean_of("response_length/mean"),
         mean_of("async/staleness_mean"),
     )
@@ -399,10 +404,10 @@ def compare(s1: dict[int, Measured], s0: dict[int, Measured]) -> dict:
 
 
 def mismatch(row: dict) -> str:
-    """The s1 runs' KL(sampler || trainer) per token and per response; verl logs it in decoupled mode only."""
+    """The s1 runs' KL(sampler || trainer) per token and per response."""
     kl, length = row["mismatch_kl_s1"], row["response_length_s1"]
     if math.isnan(kl):
-        return "not logged (bypass mode)"
+        return "not logged (bypass-mode runs from before the actor ran verl's bypass loss)"
     return f"{kl:.2e} per token x {length:.1f} tokens = {kl * length:.2e} per response"
 
 

@@ -23,7 +23,12 @@ import torch
 from e2e import DECOUPLED
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, get_policy_loss_fn
+from verl.trainer.ppo.core_algos import (
+    agg_loss,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_vanilla,
+    get_policy_loss_fn,
+)
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import ActorConfig
 
@@ -31,6 +36,7 @@ from recipe.one_step_off_async import launch, losses, verl_plugin
 from recipe.one_step_off_async.async_config import validate_config
 from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
 from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, policy_loss_problems
+from recipe.one_step_off_async.platforms import verl_patches
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PARAMS = {  # not the defaults, so a key that does not reach the loss shows
@@ -267,6 +273,61 @@ def test_the_actor_loss_verl_builds_is_the_one_the_recipes_worker_wraps():
         inspect.getsource(transformer_impl)
     )
     assert "batch_td = batch.to_tensordict()" in inspect.getsource(RayPPOTrainer._update_actor)
+
+
+def bypass_actor_config(*overrides: str) -> ActorConfig:
+    """The actor's config as its worker builds it from a launch of the profiles' bypass mode."""
+    config = compose_config(*overrides)
+    verl_patches.route_bypass_loss_to_the_actor(config)
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    actor.global_batch_info.update(GLOBAL_INFOS["local"])
+    return actor
+
+
+def test_in_bypass_mode_the_actor_runs_verls_bypass_loss_which_for_ppo_clip_is_vanilla_on_the_rollouts_log_probs():
+    """The actor runs verl's ``bypass_mode`` loss (``verl_patches.route_bypass_loss_to_the_actor``): with the default
+    ``loss_type=ppo_clip`` its value and gradient are vanilla PPO's on pi / pi_rollout (no IS weight) and it logs the
+    sampler's distance (``rollout_corr/*``); its ``rollout_rs`` (the bad tokens masked) and ``loss_type`` reach it."""
+    mask, log_prob, rollout_log_prob, advantages, _ = batch(7)
+    actor = bypass_actor_config()
+    assert actor.policy_loss.loss_mode == verl_patches.BYPASS_LOSS_MODE
+
+    def loss_and_gradient(loss, config):
+        inputs = loss_inputs(mask, log_prob, rollout_log_prob, advantages)
+        inputs["log_prob"].requires_grad_(True)
+        value, metrics = get_policy_loss_fn(loss)(**inputs, config=config)
+        value.backward()
+        return value.detach(), inputs["log_prob"].grad, metrics
+
+    bypass, bypass_grad, metrics = loss_and_gradient(verl_patches.BYPASS_LOSS_MODE, actor)
+    vanilla, vanilla_grad, _ = loss_and_gradient("vanilla", actor)
+    torch.testing.assert_close(bypass, vanilla, rtol=0, atol=0)
+    torch.testing.assert_close(bypass_grad, vanilla_grad, rtol=0, atol=0)
+    assert metrics["rollout_corr/k3_kl"] > 0  # the sampler is 0.4 nats per token away here
+
+    rejecting = bypass_actor_config(
+        "algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.9_1.1"
+    )
+    rejected, _, metrics = loss_and_gradient(verl_patches.BYPASS_LOSS_MODE, rejecting)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] > 0 and rejected != bypass
+
+    reinforce = bypass_actor_config("algorithm.rollout_correction.loss_type=reinforce")
+    inputs = loss_inputs(mask, log_prob, rollout_log_prob, advantages)
+    verls, _ = compute_policy_loss_reinforce(
+        rollout_log_prob=inputs.pop("old_log_prob"), **inputs, config=reinforce, rollout_is_weights=None
+    )
+    torch.testing.assert_close(loss_and_gradient(verl_patches.BYPASS_LOSS_MODE, reinforce)[0], verls, rtol=0, atol=0)
+    assert verls != vanilla
+
+
+def test_a_decoupled_launch_keeps_its_loss_and_the_bypass_loss_is_refused_outside_bypass_mode():
+    config = compose_config(*DECOUPLED)
+    verl_patches.route_bypass_loss_to_the_actor(config)
+    assert config.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    assert "rollout_correction" not in config.actor_rollout_ref.actor.policy_loss
+    with pytest.raises(ConfigError, match=r"loss_mode='bypass_mode' is verl's loss for bypass mode; set .*=true"):
+        policy_loss_problems(compose_config(*DECOUPLED, f"{losses.POLICY_LOSS}.loss_mode=bypass_mode")).raise_any()
+    assert not policy_loss_problems(compose_config(f"{losses.POLICY_LOSS}.loss_mode=bypass_mode")).problems
 
 
 def test_losses_take_the_arguments_verl_passes():

@@ -249,6 +249,32 @@ def test_ray_trainer_still_asserts_hybrid_engine():
     )
 
 
+def test_verl_routes_the_bypass_loss_only_in_the_drivers_config_at_a_step_as_the_recipe_does_before_the_workers():
+    """Why ``DisjointPoolsTrainer`` routes the bypass-mode loss itself (``verl_patches.route_bypass_loss_to_the_actor``,
+    verl#4912): verl's separation trainer calls ``apply_bypass_mode`` in ``_fit_compute_log_prob``, at a step, and not
+    where it builds the workers; what it writes to the policy loss's config is what the recipe writes before them."""
+    from verl import DataProto
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
+
+    assert "apply_bypass_mode(" in inspect.getsource(SeparateRayPPOTrainer._fit_compute_log_prob)
+    for builds_the_workers in (SeparateRayPPOTrainer.__init__, SeparateRayPPOTrainer.init_workers):
+        assert "bypass" not in inspect.getsource(builds_the_workers)
+
+    def launch():
+        correction = {"bypass_mode": True, "rollout_is": None, "rollout_rs": "token_k1", "loss_type": "ppo_clip"}
+        loss = {"loss_mode": "vanilla", "clip_cov_ratio": 0.0002}
+        return OmegaConf.create(
+            {"algorithm": {"rollout_correction": correction}, "actor_rollout_ref": {"actor": {"policy_loss": loss}}}
+        )
+
+    verls, recipes = launch(), launch()
+    batch = DataProto.from_dict({"rollout_log_probs": torch.zeros(1, 2)})
+    apply_bypass_mode(batch, verls.algorithm.rollout_correction, verls.actor_rollout_ref.actor.policy_loss)
+    verl_patches.route_bypass_loss_to_the_actor(recipes)
+    assert verls == recipes
+
+
 def test_p3_verl_still_loads_the_value_model_with_flash_attention():
     """Why the critic's value model is loaded by verl_patches._load_valuehead_model (on every platform)."""
     import verl.utils.model

@@ -29,6 +29,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.errors import OffPolicyCorrectionError
+from recipe.one_step_off_async.platforms.verl_patches import BYPASS_LOSS_MODE
 from recipe.one_step_off_async.schema import Check, Problems, unknown_keys, value_problems
 
 LOSS_MODES = ("topr", "kimi15", "tis_pg", "reinforce")
@@ -113,11 +114,18 @@ def policy_loss_problems(config: DictConfig) -> Problems:
             f"{POLICY_LOSS}.tis_lower_bound={low!r} is above {POLICY_LOSS}.tis_upper_bound={high!r}; the truncation "
             "range must be [lower, upper]."
         )
-    if mode not in (None, "vanilla") and OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode"):
+    bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
+    if mode == BYPASS_LOSS_MODE and not bypass:
+        problems.append(
+            f"{POLICY_LOSS}.loss_mode={mode!r} is verl's loss for bypass mode; set "
+            "algorithm.rollout_correction.bypass_mode=true (the recipe's default; the trainer selects this loss "
+            f"itself), or a loss of decoupled mode such as {POLICY_LOSS}.loss_mode=vanilla."
+        )
+    if mode not in (None, "vanilla", BYPASS_LOSS_MODE) and bypass:
         problems.append(
             f"{POLICY_LOSS}.loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=true (the recipe's "
-            "default): bypass mode gives the loss the rollout's log-probs as pi_old and no importance weights, which "
-            f"this loss is not built for (and verl swaps the driver's loss_mode for its own). Set "
+            "default): the actor would run verl's bypass-mode loss in its place (PPO clip or REINFORCE on the "
+            "rollout's log-probs, algorithm.rollout_correction.loss_type). Set "
             f"{' '.join(DECOUPLED_OVERRIDES)} (decoupled PPO: old log-probs recomputed, token-level IS)."
         )
     return Problems(problems)

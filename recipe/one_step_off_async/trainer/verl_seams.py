@@ -14,7 +14,10 @@ from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.single_controller.ray import RayClassWithInitArgs
 from verl.trainer.ppo.utils import Role
 
-from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
+from recipe.one_step_off_async.platforms.verl_patches import (
+    hybrid_engine_assert_disabled,
+    route_bypass_loss_to_the_actor,
+)
 from recipe.one_step_off_async.trainer.clients import rollout_client
 from recipe.one_step_off_async.trainer.configured_class import qualified_name
 from recipe.one_step_off_async.trainer.console import with_compact_console
@@ -32,6 +35,7 @@ class DisjointPoolsTrainer(SeparateRayPPOTrainer):
         # verl's init_workers builds the weight-sync manager this key names: the recipe's, or a user's subclass of it.
         with open_dict(config):
             config.actor_rollout_ref.rollout.checkpoint_manager_class = qualified_name(checkpoint_manager_class(config))
+        route_bypass_loss_to_the_actor(config)  # verl routes it in the driver only, after building the workers
         # verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.__init__ asserts hybrid_engine; the rollout is on its own pool.
         with hybrid_engine_assert_disabled(config):
             super().__init__(config, *args, **kwargs)
