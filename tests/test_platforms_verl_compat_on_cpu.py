@@ -250,15 +250,26 @@ def test_ray_trainer_still_asserts_hybrid_engine():
 
 
 def test_verl_routes_the_bypass_loss_only_in_the_drivers_config_at_a_step_as_the_recipe_does_before_the_workers():
-    """Why ``DisjointPoolsTrainer`` routes the bypass-mode loss itself (``verl_patches.route_bypass_loss_to_the_actor``,
+    """Why ``DisjointPoolsTrainer`` routes the bypass-mode loss itself (``verl_seams.route_bypass_loss_to_the_actor``,
     verl#4912): verl's separation trainer calls ``apply_bypass_mode`` in ``_fit_compute_log_prob``, at a step, and not
     where it builds the workers; what it writes to the policy loss's config is what the recipe writes before them."""
     from verl import DataProto
     from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.trainer.ppo.core_algos import compute_policy_loss_bypass_mode, get_policy_loss_fn
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 
+    from recipe.one_step_off_async.losses import BYPASS_LOSS_MODE
+    from recipe.one_step_off_async.trainer import verl_seams
+
+    assert get_policy_loss_fn(BYPASS_LOSS_MODE) is compute_policy_loss_bypass_mode
     assert "apply_bypass_mode(" in inspect.getsource(SeparateRayPPOTrainer._fit_compute_log_prob)
-    for builds_the_workers in (SeparateRayPPOTrainer.__init__, SeparateRayPPOTrainer.init_workers):
+    for builds_the_workers in (
+        RayPPOTrainer.__init__,
+        SeparateRayPPOTrainer.__init__,
+        SeparateRayPPOTrainer.init_workers,
+        SeparateRayPPOTrainer._create_actor_rollout_classes,  # the recipe's own override replaces it
+    ):
         assert "bypass" not in inspect.getsource(builds_the_workers)
 
     def launch():
@@ -271,7 +282,7 @@ def test_verl_routes_the_bypass_loss_only_in_the_drivers_config_at_a_step_as_the
     verls, recipes = launch(), launch()
     batch = DataProto.from_dict({"rollout_log_probs": torch.zeros(1, 2)})
     apply_bypass_mode(batch, verls.algorithm.rollout_correction, verls.actor_rollout_ref.actor.policy_loss)
-    verl_patches.route_bypass_loss_to_the_actor(recipes)
+    verl_seams.route_bypass_loss_to_the_actor(recipes)
     assert verls == recipes
 
 

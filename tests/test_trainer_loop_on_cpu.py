@@ -16,12 +16,14 @@ from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.utils.import_utils import load_class_from_fqn
 from verl.workers.rollout.llm_server import LLMServerManager
 
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.errors import (
     OffPolicyCorrectionError,
     PipelineTimeoutError,
     RewardError,
     WeightVersionError,
 )
+from recipe.one_step_off_async.losses import BYPASS_LOSS_MODE
 from recipe.one_step_off_async.trainer.agent_loops import OneStepOffAgentLoopManager
 from recipe.one_step_off_async.trainer.replica_start import ReplicaStart
 from recipe.one_step_off_async.trainer.reward_loop import OneStepOffRewardLoopManager
@@ -41,6 +43,20 @@ def run(staleness: int, steps: int = TOTAL_STEPS, *overrides: str, **rollout_kwa
     trainer = build_trainer(config, log, rollout, sync)
     trainer.fit()
     return trainer, log
+
+
+@pytest.mark.parametrize("bypass", [True, False], ids=["bypass", "decoupled"])
+def test_the_actor_workers_are_built_with_the_loss_of_the_correction_mode(bypass):
+    """verl points bypass mode's loss at ``bypass_mode`` in the driver's config only, after the workers exist
+    (verl#4912); the trainer does it before (``verl_seams.route_bypass_loss_to_the_actor``), in the config verl's
+    ``init_workers`` hands the actor workers."""
+    log = EventLog()
+    rollout = StubRollout(log)
+    config = compose_config(*(() if bypass else DECOUPLED_OVERRIDES))
+    trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
+    policy_loss = trainer.config.actor_rollout_ref.actor.policy_loss
+    assert policy_loss.loss_mode == (BYPASS_LOSS_MODE if bypass else "vanilla")
+    assert ("rollout_correction" in policy_loss) is bypass
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])

@@ -29,12 +29,14 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.errors import OffPolicyCorrectionError
-from recipe.one_step_off_async.platforms.verl_patches import BYPASS_LOSS_MODE
 from recipe.one_step_off_async.schema import Check, Problems, unknown_keys, value_problems
 
 LOSS_MODES = ("topr", "kimi15", "tis_pg", "reinforce")
 TOPR_SPLITS = ("score", "advantage")
 POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
+CORRECTION = "algorithm.rollout_correction"
+BYPASS_LOSS_MODE = "bypass_mode"  # verl's policy loss for bypass mode (core_algos.compute_policy_loss_bypass_mode)
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # what compute_policy_loss_bypass_mode dispatches on
 
 
 @dataclass
@@ -114,18 +116,31 @@ def policy_loss_problems(config: DictConfig) -> Problems:
             f"{POLICY_LOSS}.tis_lower_bound={low!r} is above {POLICY_LOSS}.tis_upper_bound={high!r}; the truncation "
             "range must be [lower, upper]."
         )
-    bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
+    correction = OmegaConf.select(config, CORRECTION, default=None) or {}
+    bypass = correction.get("bypass_mode", False)
+    loss_type = correction.get("loss_type", BYPASS_LOSS_TYPES[0])
+    if bypass and loss_type not in BYPASS_LOSS_TYPES:
+        problems.append(
+            f"{CORRECTION}.loss_type={loss_type!r}: bypass mode's loss is one of {', '.join(BYPASS_LOSS_TYPES)} "
+            "(PPO clip on pi / pi_rollout, or REINFORCE weighted by the rollout_is weights)."
+        )
+    if correction.get("rollout_rs") is not None and correction.get("rollout_rs_threshold") is None:
+        problems.append(
+            f"{CORRECTION}.rollout_rs={correction.get('rollout_rs')!r} needs {CORRECTION}.rollout_rs_threshold (verl "
+            "raises at the first update without one): e.g. rollout_rs=token_k1 rollout_rs_threshold=0.5_2.0, the "
+            "bounds of pi_train / pi_rollout a token must keep (verl's docs/algo/rollout_corr.md)."
+        )
     if mode == BYPASS_LOSS_MODE and not bypass:
         problems.append(
             f"{POLICY_LOSS}.loss_mode={mode!r} is verl's loss for bypass mode; set "
-            "algorithm.rollout_correction.bypass_mode=true (the recipe's default; the trainer selects this loss "
+            f"{CORRECTION}.bypass_mode=true (the recipe's default; the trainer selects this loss "
             f"itself), or a loss of decoupled mode such as {POLICY_LOSS}.loss_mode=vanilla."
         )
     if mode not in (None, "vanilla", BYPASS_LOSS_MODE) and bypass:
         problems.append(
-            f"{POLICY_LOSS}.loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=true (the recipe's "
-            "default): the actor would run verl's bypass-mode loss in its place (PPO clip or REINFORCE on the "
-            "rollout's log-probs, algorithm.rollout_correction.loss_type). Set "
+            f"{POLICY_LOSS}.loss_mode={mode!r} with {CORRECTION}.bypass_mode=true (the recipe's default): the actor "
+            f"would run verl's bypass-mode loss in its place (PPO clip or REINFORCE on the rollout's log-probs, "
+            f"{CORRECTION}.loss_type). Set "
             f"{' '.join(DECOUPLED_OVERRIDES)} (decoupled PPO: old log-probs recomputed, token-level IS)."
         )
     return Problems(problems)

@@ -238,26 +238,6 @@ def apply() -> None:
     patch_cpu_device_ids()
 
 
-BYPASS_LOSS_MODE = "bypass_mode"  # verl's policy loss for bypass mode (core_algos.compute_policy_loss_bypass_mode)
-
-
-def route_bypass_loss_to_the_actor(config: DictConfig) -> None:
-    """verl/experimental/separation/ray_trainer.py (0.9.1) ``_fit_compute_log_prob``: in bypass mode
-    (``algorithm.rollout_correction.bypass_mode=true``) ``apply_bypass_mode`` points the policy loss at verl's
-    ``bypass_mode`` loss, with the ``rollout_correction`` section it reads, in the driver's config, at every step,
-    after the actor workers were built from that config (verl#4912). The actor then runs the configured loss with
-    pi_old = the rollout's log-probs and never sees ``rollout_rs``, ``loss_type=reinforce`` or the section at all, nor
-    logs the sampler's distance (``rollout_corr/*``). Do what ``apply_bypass_mode`` does to the config, before the
-    workers exist. (For ``loss_type=ppo_clip`` the loss is the same: vanilla PPO on pi / pi_rollout, no IS weight.)"""
-    correction = config.algorithm.get("rollout_correction")
-    if correction is None or not correction.get("bypass_mode", False):
-        return
-    with open_dict(config):
-        policy_loss = config.actor_rollout_ref.actor.policy_loss
-        policy_loss.loss_mode = BYPASS_LOSS_MODE
-        policy_loss.rollout_correction = correction
-
-
 @contextlib.contextmanager
 def hybrid_engine_assert_disabled(config: DictConfig) -> Iterator[None]:
     """verl/trainer/ppo/ray_trainer.py (0.9.1): ``RayPPOTrainer.__init__`` asserts ``hybrid_engine``; nothing else in

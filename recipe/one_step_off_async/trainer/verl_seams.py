@@ -14,16 +14,31 @@ from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.single_controller.ray import RayClassWithInitArgs
 from verl.trainer.ppo.utils import Role
 
-from recipe.one_step_off_async.platforms.verl_patches import (
-    hybrid_engine_assert_disabled,
-    route_bypass_loss_to_the_actor,
-)
+from recipe.one_step_off_async.losses import BYPASS_LOSS_MODE
+from recipe.one_step_off_async.platforms.verl_patches import hybrid_engine_assert_disabled
 from recipe.one_step_off_async.trainer.clients import rollout_client
 from recipe.one_step_off_async.trainer.configured_class import qualified_name
 from recipe.one_step_off_async.trainer.console import with_compact_console
 from recipe.one_step_off_async.trainer.deadlines import call_with_deadline
 from recipe.one_step_off_async.trainer.replica_start import ReplicaStart, not_started, place_pools
 from recipe.one_step_off_async.trainer.sync_manager import checkpoint_manager_class
+
+
+def route_bypass_loss_to_the_actor(config: DictConfig) -> None:
+    """verl/experimental/separation/ray_trainer.py (0.9.1) ``_fit_compute_log_prob``: in bypass mode
+    (``algorithm.rollout_correction.bypass_mode=true``) ``apply_bypass_mode`` points the policy loss at verl's
+    ``bypass_mode`` loss, with the ``rollout_correction`` section it reads, in the driver's config, at every step,
+    after the actor workers were built from that config (verl#4912). The actor then runs the configured loss with
+    pi_old = the rollout's log-probs and never sees ``rollout_rs``, ``loss_type=reinforce`` or the section at all, nor
+    logs the sampler's distance (``rollout_corr/*``). Do what ``apply_bypass_mode`` does to the config, before the
+    workers exist. (For ``loss_type=ppo_clip`` the loss is the same: vanilla PPO on pi / pi_rollout, no IS weight.)"""
+    correction = config.algorithm.get("rollout_correction")
+    if correction is None or not correction.get("bypass_mode", False):
+        return
+    with open_dict(config):
+        policy_loss = config.actor_rollout_ref.actor.policy_loss
+        policy_loss.loss_mode = BYPASS_LOSS_MODE
+        policy_loss.rollout_correction = correction
 
 
 class DisjointPoolsTrainer(SeparateRayPPOTrainer):
