@@ -32,7 +32,8 @@ held-out prompts (greedy). Printed per task and candidate:
   minute, gain x steps/min / STEPS;
 - what the s1 runs trained on: the sampler's distance from the trainer (verl's ``rollout_corr/kl``: the driver's
   against the weights before the update in decoupled mode, the actor's against the weights it updates in bypass
-  mode, the same with one update per step, as the CPU profiles make) and the mean staleness of the tokens (below 1 where partial rollout resumed samples);
+  mode, the same with one update per step, as the CPU profiles make) and the mean staleness of the tokens (below
+  1 where partial rollout resumed samples);
 - the curve: mean validation per validated step, s1 and s0.
 
 At staleness 0 the rollout samples with the actor's exact weights, so the candidates that differ only
@@ -118,9 +119,9 @@ class Measured:
     stalled_syncs: list[int]  # steps whose sync took STALLED_SYNC_S or more
     # Means over steps 2 on: how far the sampling policy was from the one that trained on its tokens (verl's
     # rollout_corr/kl per token, the driver's in decoupled mode, the actor's in bypass mode; 0 at staleness 0 up to
-    # numerics with one update per step), the response length in tokens, and the mean
-    # staleness of the tokens trained on (async/staleness_mean: below the staleness where partial rollout resumed
-    # samples under newer weights).
+    # numerics with one update per step), the response length in tokens, and the mean staleness of the tokens
+    # trained on (async/staleness_mean: below the staleness where partial rollout resumed samples under newer
+    # weights).
     mismatch_kl: float
     response_length: float
     token_staleness: float

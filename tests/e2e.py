@@ -66,12 +66,8 @@ def checkpoint_engine(weights_dir) -> tuple[str, ...]:
     return (f"{engine}.backend=checkpoint", f"+{engine}.engine_kwargs.checkpoint.dir={weights_dir}")
 
 
-# Runs that train a loss other than vanilla, or check that syncs are exact (training/rollout_probs_diff_*), set it.
-DECOUPLED = DECOUPLED_OVERRIDES
-
-
 def loss_overrides(loss: str) -> tuple[str, ...]:
-    return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0], *DECOUPLED)
+    return (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *LOSS_SIGNATURES[loss][0], *DECOUPLED_OVERRIDES)
 
 
 def contract_version(step: int, staleness: int, interval: int, start: int = 0, critic_warmup: int = 0) -> int:

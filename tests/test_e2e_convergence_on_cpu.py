@@ -88,7 +88,7 @@ def test_one_step_off_keeps_at_least_half_the_synchronous_learning(one_step_off_
     assert sorted(curve) == list(range(0, STEPS + 1, TEST_FREQ)), curve
     # The profiles' correction, verl's bypass mode: no forward pass recomputed the old log-probs.
     assert not any("timing_s/old_log_prob" in values for values in run.metrics.values())
-    # The actor ran verl's bypass-mode loss (verl_patches.route_bypass_loss_to_the_actor), which logs the sampler's
+    # The actor ran verl's bypass-mode loss (verl_seams.route_bypass_loss_to_the_actor), which logs the sampler's
     # distance from the trainer.
     trained = [values for step, values in run.metrics.items() if step >= 1]
     assert trained and all("actor/rollout_corr/k3_kl" in values for values in trained), sorted(trained[0])

@@ -30,9 +30,10 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from e2e import DECOUPLED, checkpoint_engine, contract_version, run_main
+from e2e import checkpoint_engine, contract_version, run_main
 from faults import failing_conversation, killed_conversation
 
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.demo import long_tail, task, tool_task
 from recipe.one_step_off_async.elastic.client import SERVED_BY
 from recipe.one_step_off_async.rollout.partial import VERSION_RUNS
@@ -141,7 +142,7 @@ def partial_run(tmp_path_factory, demo_assets):
         *mixed_task(directory, demo_assets),
         "async_training.elastic.enable=true",
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
-        *DECOUPLED,  # old log-probs recomputed at every step; the resume from it runs in the profiles' bypass mode
+        *DECOUPLED_OVERRIDES,  # old log-probs recomputed at every step; the resume from it runs in the profiles' bypass mode
         *overrides,
         env=env,
         profile=PROFILE,

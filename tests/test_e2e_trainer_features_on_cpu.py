@@ -20,8 +20,9 @@ import math
 
 import pytest
 import torch
-from e2e import DECOUPLED, contract_version, run_main
+from e2e import contract_version, run_main
 
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES
 from recipe.one_step_off_async.trainer.workers import SENT_MBYTES
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +55,7 @@ def ppo_run(tmp_path_factory, demo_assets):
         *DYNAMIC_BATCH_SIZES,
         *REWARD_MODEL,
         "actor_rollout_ref.rollout.dtype=bfloat16",
-        *DECOUPLED,  # the actor's recomputed log-probs give the bf16 rollout's probs diff
+        *DECOUPLED_OVERRIDES,  # the actor's recomputed log-probs give the bf16 rollout's probs diff
         "trainer.logger=[console,file,tensorboard]",
         f"trainer.total_training_steps={STEPS}",
         "trainer.val_before_train=false",

@@ -20,7 +20,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from e2e import DECOUPLED
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import (
@@ -33,7 +32,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import ActorConfig
 
 from recipe.one_step_off_async import launch, losses, verl_plugin
-from recipe.one_step_off_async.async_config import validate_config
+from recipe.one_step_off_async.async_config import DECOUPLED_OVERRIDES, validate_config
 from recipe.one_step_off_async.errors import ConfigError, OffPolicyCorrectionError
 from recipe.one_step_off_async.losses import LOSS_MODES, OffPolicyLossConfig, policy_loss_problems
 from recipe.one_step_off_async.trainer import verl_seams
@@ -321,12 +320,14 @@ def test_in_bypass_mode_the_actor_runs_verls_bypass_loss_which_for_ppo_clip_is_v
 
 
 def test_a_decoupled_launch_keeps_its_loss_and_the_bypass_loss_is_refused_outside_bypass_mode():
-    config = compose_config(*DECOUPLED)
+    config = compose_config(*DECOUPLED_OVERRIDES)
     verl_seams.route_bypass_loss_to_the_actor(config)
     assert config.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
     assert "rollout_correction" not in config.actor_rollout_ref.actor.policy_loss
     with pytest.raises(ConfigError, match=r"loss_mode='bypass_mode' is verl's loss for bypass mode; set .*=true"):
-        policy_loss_problems(compose_config(*DECOUPLED, f"{losses.POLICY_LOSS}.loss_mode=bypass_mode")).raise_any()
+        policy_loss_problems(
+            compose_config(*DECOUPLED_OVERRIDES, f"{losses.POLICY_LOSS}.loss_mode=bypass_mode")
+        ).raise_any()
     assert not policy_loss_problems(compose_config(f"{losses.POLICY_LOSS}.loss_mode=bypass_mode")).problems
 
 
@@ -418,7 +419,7 @@ def test_the_loss_check_leaves_verls_own_sections_under_policy_loss_to_verl():
 @pytest.mark.parametrize("loss", [*LOSS_MODES, "vanilla", "cispo"])
 def test_good_loss_config_validates(loss):
     """Every loss in decoupled mode (which they need; the profiles' bypass mode refuses all but vanilla)."""
-    config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *DECOUPLED)
+    config = compose_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}", *DECOUPLED_OVERRIDES)
     validate_config(config)
     assert not policy_loss_problems(config).problems
     params = compose_config(*(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PARAMS.items()))
