@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-step-off GRPO: Qwen2.5-3B-Instruct on GSM8K, one node of 8 GPUs split 4 train (FSDP2) / 4 rollout
-# (vLLM, one replica per GPU), NCCL weight sync after every step, staleness 1.
+# (vLLM, one replica per GPU), NCCL weight sync after every step, staleness 1, partial rollout (a sync interrupts
+# the requests in flight, which continue under the new weights; PARTIAL_ROLLOUT=false: each sync waits for idle).
 #
 #   pip install -e ".[gpu]"
 #   pip install --no-build-isolation -e ".[gpu,flash]"   # flash-attn: compiles ~1 h against torch, needs nvcc
@@ -15,6 +16,7 @@ set -euo pipefail
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-3B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 STALENESS=${STALENESS:-1}
+PARTIAL_ROLLOUT=${PARTIAL_ROLLOUT:-true}
 TRAIN_GPUS=${TRAIN_GPUS:-4}
 ROLLOUT_GPUS=${ROLLOUT_GPUS:-4}
 PROJECT=${PROJECT:-one_step_off_async}
@@ -32,6 +34,7 @@ fi
 
 python3 -m "$ENTRY_MODULE" \
   async_training.staleness="$STALENESS" \
+  async_training.partial_rollout="$PARTIAL_ROLLOUT" \
   algorithm.adv_estimator=grpo \
   data.train_files="$DATA_DIR/train.parquet" \
   data.val_files="$DATA_DIR/test.parquet" \

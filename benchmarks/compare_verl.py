@@ -132,11 +132,11 @@ STEP_PARTS = {
 }
 # The staleness of a step's samples, by trainer, (mean, max) over the step: versions between the oldest weights
 # that sampled a sample's tokens and those it trains (V1: ``(step - 1) - min_global_steps`` per trajectory; the
-# recipe out of partial rollout: one version per batch, so mean = max).
+# recipe: per token, its version's distance from the trained weights).
 V1_STALENESS = "training/off_policy/trajectory_staleness_worst"
 STALENESS = {
     VERL_V1: (f"{V1_STALENESS}/mean", f"{V1_STALENESS}/max"),
-    RECIPE: ("async/staleness", "async/staleness"),
+    RECIPE: ("async/staleness_mean", "async/staleness_max"),
 }
 # V1's replay buffer drops a group queued more than ``sampler.max_off_policy_threshold`` steps before the step that
 # would train it, counted here (absent: none dropped that step).

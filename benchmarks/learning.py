@@ -47,7 +47,7 @@ depends on timing (where a sync interrupts a request), so its runs vary with the
 more than the others. A summary (per-seed finals, curves, the table) goes to ``<out>/summary.json`` for
 ``python -m benchmarks staleness-parity-figure``.
 
---grid partial-rollout: does partial rollout learn as well as today's mode? Validation gain of today's
+--grid partial-rollout: does partial rollout learn as well as whole-batch mode? Validation gain of whole-batch
 mode at staleness 1 and of partial rollout at ``--partial-staleness`` (1 unless given), per task. For each
 task (the built-in sort task, ``one_step_off_ppo_cpu``; the long-tail task, ``one_step_off_ppo_cpu_long_tail``;
 on request the generation-bound one, ``one_step_off_ppo_cpu_generation_bound``) and each seed, runs the
@@ -313,30 +313,34 @@ CORRECTION = "algorithm.rollout_correction"
 LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
 # verl's bypass mode (the profiles' default): PPO clip on pi / pi_rollout, no recomputed old log-prob. Decoupled
 # mode: the actor recomputes old log-probs (PPO's anchor), IS weights pi_old / pi_rollout; the recipe's losses and
-# verl's other loss modes need it. Each candidate names its mode, so that its runs keep their meaning (and a grid
-# resumes) whichever the default is.
+# verl's other loss modes need it. Partial rollout (the profiles' default) or whole batches (one weight version
+# each). Each staleness-1 candidate names its mode and whether it rolls out partially, so that its runs keep their
+# meaning (and a grid resumes) whichever the default is; at staleness 0 nothing is in flight at a sync, and partial
+# rollout changes nothing.
 BYPASS = [f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_is=null"]
 DECOUPLED_MODE = [f"{CORRECTION}.bypass_mode=false"]
 TOKEN_IS = list(DECOUPLED_OVERRIDES)  # pi_old / pi_rollout per token, capped at 2
+PARTIAL, WHOLE_BATCHES = "async_training.partial_rollout=true", "async_training.partial_rollout=false"
 # candidate: (overrides at staleness 1, name of its staleness-0 baseline)
 CANDIDATES: dict[str, tuple[list[str], str]] = {
-    "bypass": (BYPASS, "ppo"),
+    # Bypass mode in whole batches: the default before partial rollout.
+    "bypass": ([*BYPASS, WHOLE_BATCHES], "ppo"),
     # Decoupled PPO with token-level truncated IS: the default before bypass.
-    "token_is": (TOKEN_IS, "ppo"),
+    "token_is": ([*TOKEN_IS, WHOLE_BATCHES], "ppo"),
     # Sequence-level truncated IS (product of token ratios, capped at 2).
-    "seq_is": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=sequence"], "ppo"),
+    "seq_is": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=sequence", WHOLE_BATCHES], "ppo"),
     # Decoupled PPO with no IS weight: the stale samples taken as if on-policy.
-    "no_correction": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=null"], "ppo"),
+    "no_correction": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=null", WHOLE_BATCHES], "ppo"),
     # Token-level IS with a looser cap.
-    "token_is_cap5": ([*TOKEN_IS, f"{CORRECTION}.rollout_is_threshold=5.0"], "ppo"),
-    # Partial rollout, requests in flight continuing under the new weights, with decoupled token-level IS (as
-    # measured on the configuration page) and with the default.
-    "partial": (["async_training.partial_rollout=true", *TOKEN_IS], "ppo"),
-    "partial_bypass": (["async_training.partial_rollout=true", *BYPASS], "ppo"),
-    # The off-policy losses (decoupled, token-level IS); each has its own staleness-0 baseline.
-    "kimi15": ([f"{LOSS}=kimi15", *TOKEN_IS], "kimi15"),
-    "topr": ([f"{LOSS}=topr", *TOKEN_IS], "topr"),
-    "cispo": ([f"{LOSS}=cispo", *TOKEN_IS], "cispo"),
+    "token_is_cap5": ([*TOKEN_IS, f"{CORRECTION}.rollout_is_threshold=5.0", WHOLE_BATCHES], "ppo"),
+    # Partial rollout, requests in flight continuing under the new weights, with decoupled token-level IS and in
+    # bypass mode (the profiles' default).
+    "partial": ([PARTIAL, *TOKEN_IS], "ppo"),
+    "partial_bypass": ([PARTIAL, *BYPASS], "ppo"),
+    # The off-policy losses (decoupled, token-level IS, whole batches); each has its own staleness-0 baseline.
+    "kimi15": ([f"{LOSS}=kimi15", *TOKEN_IS, WHOLE_BATCHES], "kimi15"),
+    "topr": ([f"{LOSS}=topr", *TOKEN_IS, WHOLE_BATCHES], "topr"),
+    "cispo": ([f"{LOSS}=cispo", *TOKEN_IS, WHOLE_BATCHES], "cispo"),
 }
 
 
@@ -506,7 +510,7 @@ PARTIAL_TASKS = {
     "long_tail": "one_step_off_ppo_cpu_long_tail",
     "generation_bound": "one_step_off_ppo_cpu_generation_bound",
 }
-MODES = {"today": "async_training.partial_rollout=false", "partial": "async_training.partial_rollout=true"}
+MODES = {"whole": WHOLE_BATCHES, "partial": PARTIAL}
 PARTIAL_TEST_FREQ = 10
 
 
@@ -519,7 +523,7 @@ class PartialRolloutLearning:
         parser.add_argument("--steps", type=int, default=30)
         parser.add_argument("--tasks", nargs="+", choices=list(PARTIAL_TASKS), default=["sort", "long_tail"])
         parser.add_argument(
-            "--partial-staleness", type=int, default=1, help="the partial mode's staleness (today's mode runs at 1)"
+            "--partial-staleness", type=int, default=1, help="the partial mode's staleness (whole-batch mode runs at 1)"
         )
 
     def schedule(self, args: argparse.Namespace) -> tuple[int, int]:
@@ -545,7 +549,7 @@ class PartialRolloutLearning:
 
     @staticmethod
     def suffix(args: argparse.Namespace, mode: str) -> str:
-        """The run folder's suffix: the staleness, where it is not today's 1."""
+        """The run folder's suffix: the staleness, where it is not whole-batch mode's 1."""
         staleness = PartialRolloutLearning.staleness(args, mode)
         return "" if staleness == 1 else f"_s{staleness}"
 
@@ -561,7 +565,7 @@ class PartialRolloutLearning:
                     + ", ".join(f"{mode} gain {values[-1]:+.3f}" for mode, values in gains.items())
                 )
             means = {mode: statistics.mean(values) for mode, values in gains.items()}
-            difference = means["partial"] - means["today"]
+            difference = means["partial"] - means["whole"]
             if len(args.seeds) > 1:
                 pooled = math.sqrt(sum(statistics.variance(values) / len(values) for values in gains.values()))
                 within = "within" if abs(difference) <= 2 * pooled else "OUTSIDE"
@@ -569,8 +573,8 @@ class PartialRolloutLearning:
             else:
                 spread = "no standard error from one seed"
             print(
-                f"{task}: mean gain today (s=1) {means['today']:+.3f}, partial (s={args.partial_staleness}) "
-                f"{means['partial']:+.3f}; partial - today {difference:+.3f}, {spread} ({len(args.seeds)} seeds, "
+                f"{task}: mean gain whole batches (s=1) {means['whole']:+.3f}, partial (s={args.partial_staleness}) "
+                f"{means['partial']:+.3f}; partial - whole {difference:+.3f}, {spread} ({len(args.seeds)} seeds, "
                 f"{args.steps} steps, runs in {args.out})"
             )
 
@@ -647,7 +651,7 @@ class LossTable:
                     loss_table_folder(args.out, row, staleness, seed),
                     "one_step_off_ppo_cpu",
                     seed,
-                    (f"async_training.staleness={staleness}", f"{LOSS}={loss}", *options, *TOKEN_IS),
+                    (f"async_training.staleness={staleness}", f"{LOSS}={loss}", *options, *TOKEN_IS, WHOLE_BATCHES),
                 )
         return trials
 

@@ -1,4 +1,4 @@
-"""Partial-rollout benchmark: today's mode against partial rollout where generation bounds the step, side by side.
+"""Partial-rollout benchmark: whole-batch mode against partial rollout where generation bounds the step, side by side.
 
 What: runs the real entry point on the generation-bound profile (``--config-name=
 one_step_off_ppo_cpu_generation_bound``: each sample draws its own response budget, median 32 tokens, p99 at
@@ -14,25 +14,25 @@ the last has nothing left to generate). Per mode it prints the median over round
   engine step, from vLLM's scheduler statistics;
 - the versions: token-weighted staleness, share of samples spanning versions, prefill tokens recomputed.
 
-Then the bound. In today's mode a batch is generated within one step window, between two syncs; the actor
+Then the bound. In whole-batch mode a batch is generated within one step window, between two syncs; the actor
 does ``A = T - w`` per step (training, the sync ``S``, the trainer's own work) and waits ``w`` for the batch
 (``T`` the step). In partial mode at staleness ``s`` the tokens of batch ``k`` may be sampled from the sync
 that admits it until step ``k`` starts training: ``s`` steps, less the ``s`` syncs during which the engines
-pause, plus the wait ``w'``. Its longest sample still needs ``G`` of engine time (today's generation time of a
+pause, plus the wait ``w'``. Its longest sample still needs ``G`` of engine time (whole-batch mode's generation time of a
 batch), so ``s (T' - S) + w' >= G`` with ``T' = A + w'``: the step is at least
-``A + max(0, (G - s (A - S)) / (s + 1))``, and today's ``T`` over that is the most steps per minute the mode
+``A + max(0, (G - s (A - S)) / (s + 1))``, and whole-batch mode's ``T`` over that is the most steps per minute the mode
 can gain, if the actor's own time stays ``A`` and a sample generates no slower beside more batches in flight
 (an upper bound: on CPU neither holds exactly).
 
 With one ``G`` for every batch (the mean split) that bound is loose where ``G`` varies: a batch that holds a
 sample at the cap needs more than ``s`` steps of engine time and the actor waits for it, while a short batch
 cannot bank the spare time for later (the actor's own time is a floor). So the benchmark also computes the bound
-per batch: it replays today's run step by step under the same assumptions (each step's own time and sync as
+per batch: it replays the whole-batch run step by step under the same assumptions (each step's own time and sync as
 measured, each batch's measured ``G_k`` of engine time from the sync that admits it, the engines paused during
-syncs) and reads the period it gives each staleness; the same replay of today's mode gives its measured period
-back (printed, as a check). The targets (partial s=2 at least 1.3x today's steps per minute and 0.75 of its bound
+syncs) and reads the period it gives each staleness; the same replay of whole-batch mode gives its measured period
+back (printed, as a check). The targets (partial s=2 at least 1.3x whole-batch mode's steps per minute and 0.75 of its bound
 per batch, partial s=4 at least 1.5x) are printed with both bounds and the fraction of each reached. It also
-prints whether the workload is generation-bound on this machine: in today's mode the actor waits for at least
+prints whether the workload is generation-bound on this machine: in whole-batch mode the actor waits for at least
 half of each step.
 
 ``--verl-v1`` adds verl 0.9.1's V1 trainer in its ``separate_async`` mode, the peer with partial rollout, on the
@@ -85,15 +85,17 @@ MODES = {
     "s4 partial": ("async_training.staleness=4", "async_training.partial_rollout=true"),
 }
 BASELINE = "s1"
-# Every run, in every mode: priority scheduling, which partial rollout needs on vLLM (today's mode too, so that the
+# Every run, in every mode: priority scheduling, which partial rollout needs on vLLM (whole-batch mode too, so that the
 # modes differ in nothing else), and vLLM's scheduler statistics behind the occupancy (the CPU profiles keep them,
 # the GPU profiles do not).
 VLLM_SETTINGS = (
     "actor_rollout_ref.rollout.scheduling_policy=priority",
     "actor_rollout_ref.rollout.disable_log_stats=false",
 )
-GENERATION_BOUND_WAIT_SHARE = 0.5  # today's wait / step at s=1 from which the profile counts as generation-bound
-# The benchmark's targets: (mode, least steps-per-minute gain over today's mode, least fraction of its bound per batch)
+GENERATION_BOUND_WAIT_SHARE = (
+    0.5  # whole-batch mode's wait / step at s=1 from which the profile counts as generation-bound
+)
+# The benchmark's targets: (mode, least steps-per-minute gain over whole-batch mode, least fraction of its bound per batch)
 TARGETS = (("s2 partial", 1.3, 0.75), ("s4 partial", 1.5, None))
 # verl's V1 separate_async on the same composed profile (--verl-v1).
 VERL_V1_OVERRIDES = (
@@ -128,7 +130,7 @@ QWEN2_5_0_5B = {
 
 @dataclass(frozen=True)
 class StepSplit:
-    """Today's mode's steady step: its period ``T``, the actor's wait ``w`` and sync ``S`` in it, and a batch's
+    """Whole-batch mode's steady step: its period ``T``, the actor's wait ``w`` and sync ``S`` in it, and a batch's
     generation time ``G``."""
 
     period_s: float
@@ -143,7 +145,7 @@ class StepSplit:
 
 
 def partial_gain_bound(today: StepSplit, staleness: int) -> float:
-    """The most steps per minute partial rollout at ``staleness`` can gain over today's mode (see the module doc).
+    """The most steps per minute partial rollout at ``staleness`` can gain over whole-batch mode (see the module doc).
 
     Batch k's longest sample needs ``G`` of engine time within ``s`` steps less their syncs, plus the wait ``w'``
     before step k trains: ``s (A - S + w') + w' >= G``, so the step is at least
@@ -160,7 +162,7 @@ def steady_steps(by_step: dict[int, dict], warmup: int) -> list[int]:
 
 @dataclass(frozen=True)
 class BatchStep:
-    """One step of today's mode, as the per-batch bound replays it: the generation time of the batch it trains
+    """One step of whole-batch mode, as the per-batch bound replays it: the generation time of the batch it trains
     (``G_k``, admission to last token, alone in the engine) and of the next one (generated during this step), the
     actor's own time besides the sync, the sync."""
 
@@ -171,7 +173,7 @@ class BatchStep:
 
 
 def batch_steps(by_step: dict[int, dict]) -> dict[int, BatchStep]:
-    """Today's mode's steps, each but the last (its period ends where the next step starts)."""
+    """Whole-batch mode's steps, each but the last (its period ends where the next step starts)."""
     steps = sorted(step for step in by_step if "timeline/step_start" in by_step[step])
     series = {}
     for step, following in itertools.pairwise(steps):
@@ -203,7 +205,7 @@ def replay_step_ends(series: dict[int, BatchStep], staleness: int | None) -> dic
     measured engine time ``G_k`` however many batches share the engine (a decode step flat in rows), the engine
     paused during syncs.
 
-    ``staleness=None`` replays today's mode at s=1: batch k+1 starts when step k-1 ends, and step k syncs once its
+    ``staleness=None`` replays whole-batch mode at s=1: batch k+1 starts when step k-1 ends, and step k syncs once its
     own work is done and batch k+1 has finished. Partial rollout at ``staleness`` s: batch k starts when step
     k-s-1 ends, runs across syncs, and step k trains once step k-1 has ended and batch k has finished.
     """
@@ -221,10 +223,10 @@ def replay_step_ends(series: dict[int, BatchStep], staleness: int | None) -> dic
 
 
 def per_batch_bounds(by_step: dict[int, dict], warmup: int, staleness_values: list[int]) -> dict[str, float]:
-    """The bound per batch from one run of today's mode (one round's draw of batches): the period the replay gives
-    today's mode over its steady steps against the period it gives partial rollout at each staleness
+    """The bound per batch from one run of whole-batch mode (one round's draw of batches): the period the replay gives
+    whole-batch mode over its steady steps against the period it gives partial rollout at each staleness
     (``bound_s<s>``; a time the replay leaves out is left out of both), and the measured period beside the
-    replayed one (``measured_step_s``, ``replayed_step_s``: the check that the replay is today's run)."""
+    replayed one (``measured_step_s``, ``replayed_step_s``: the check that the replay is the whole-batch run)."""
     series = batch_steps(by_step)
     steady = steady_steps(by_step, warmup)
     measured = statistics.fmean(
@@ -452,14 +454,14 @@ def report(
     round_gains: dict[str, list[float]],
 ) -> None:
     """The tables, the bounds and the targets. A mode's gain is the median over rounds of its steps per minute over
-    today's mode's in the same round (``round_gains``: the rounds interleave the modes, so a pair shares the
+    whole-batch mode's in the same round (``round_gains``: the rounds interleave the modes, so a pair shares the
     machine's state)."""
     base = medians[BASELINE]
     today = StepSplit(period_s=base["step_s"], wait_s=base["wait_s"], sync_s=base["sync_s"], gen_s=base["gen_s"])
     wait_share = today.wait_s / today.period_s
     verdict = "generation-bound" if wait_share >= GENERATION_BOUND_WAIT_SHARE else "NOT generation-bound"
     print(
-        f"\nToday's mode at s=1: step {today.period_s:.2f} s = actor {today.actor_s:.2f} s + wait "
+        f"\nWhole-batch mode at s=1: step {today.period_s:.2f} s = actor {today.actor_s:.2f} s + wait "
         f"{today.wait_s:.2f} s ({wait_share:.0%} of the step: {verdict}); a batch generates in {today.gen_s:.2f} s"
     )
     header = (
@@ -475,12 +477,12 @@ def report(
             f"{m['recomputed_prefill']:10.0f}"
         )
     print(
-        f"\nThe bounds from today's mode: per batch (each round's run replayed step by step with its measured G, own "
-        f"time and sync; the replay gives today's mode a {batch_bounds['replayed_step_s']:.2f} s step against "
+        f"\nThe bounds from whole-batch mode: per batch (each round's run replayed step by step with its measured G, own "
+        f"time and sync; the replay gives whole-batch mode a {batch_bounds['replayed_step_s']:.2f} s step against "
         f"{batch_bounds['measured_step_s']:.2f} s measured; medians over rounds), and from the mean split (the median "
         "split above, one G for every batch: looser where G varies)."
     )
-    print(f"Gains over {BASELINE} (today's mode), the median over rounds of each round's ratio:")
+    print(f"Gains over {BASELINE} (whole-batch mode), the median over rounds of each round's ratio:")
     gains = {}
     for name, m in medians.items():
         if name == BASELINE:
@@ -532,7 +534,7 @@ def main(argv: list[str]) -> None:
 
     results: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}
     v1_runs: list[dict[str, float]] = []
-    bounds: list[dict[str, float]] = []  # per round, from today's mode
+    bounds: list[dict[str, float]] = []  # per round, from whole-batch mode
     partial_staleness = sorted({staleness_of(mode) for name, mode in MODES.items() if name != BASELINE})
     for round_index in range(args.rounds):
         for name, mode in MODES.items():

@@ -25,7 +25,7 @@
 #                      > 0) in some step; the syncs exact: training/rollout_probs_diff_max within its bounds (below).
 #
 # One launch checks both staleness 1's contract and partial rollout: each launch costs ~4-5 minutes of start-up on
-# this GPU (below), two would not fit. Today's mode (every sample of batch k from v(k-2) exactly) runs on every
+# this GPU (below), two would not fit. Whole-batch mode (every sample of batch k from v(k-2) exactly) runs on every
 # landing on vLLM's CPU build (`bash scripts/test.sh -m e2e`), as do the other features through verl's vLLM path
 # (multi-turn, a reward model, LoRA, GAE, elastic).
 #

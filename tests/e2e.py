@@ -30,6 +30,10 @@ LEAN_RAY = ("+ray_kwargs.ray_init.include_dashboard=false",)
 LEAN_RAY_ENV = {"RAY_prestart_worker_first_driver": "0"}
 # The elastic rollout pool (async_training.elastic), for the runs that use it.
 ELASTIC = ("async_training.elastic.enable=true",)
+# Whole batches, one weight version each: the exact per-batch contract the runs assert (async/weight_version =
+# v_{k-1-s}, the dumps' versions). The profiles' default is partial rollout, whose bounds are per token: the runs
+# of partial rollout set it after this (the last override wins), the convergence run keeps the default.
+WHOLE_BATCHES = "async_training.partial_rollout=false"
 ONE_STEP_OFF_STEPS = 8  # the shared run (conftest.one_step_off_run): also the reference of the resume chain
 
 # Per recipe loss: extra overrides, a metric only it logs (or None), a metric it must not log (or None):
@@ -149,13 +153,16 @@ def run_main(
     timeout_s: float = 600,
     env: dict | None = None,
     profile: str = CPU_PROFILE,
+    whole_batches: bool = True,
 ) -> Run:
-    """The entry point on ``profile`` in ``directory``, its batches dumped there; past ``timeout_s`` killed with
-    every process it started (``subprocess.TimeoutExpired``)."""
+    """The entry point on ``profile`` in ``directory``, its batches dumped there; in whole batches unless
+    ``overrides`` set partial rollout or ``whole_batches`` is false (the profile's default); past ``timeout_s``
+    killed with every process it started (``subprocess.TimeoutExpired``)."""
     return runs.run(
         directory,
         runs.dump_rollouts(directory),
         *LEAN_RAY,
+        *([WHOLE_BATCHES] if whole_batches else []),
         *overrides,
         profile=profile,
         checkpoints=checkpoints,

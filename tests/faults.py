@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 import ray
-from e2e import CPU_PROFILE, LEAN_RAY, LEAN_RAY_ENV
+from e2e import CPU_PROFILE, LEAN_RAY, LEAN_RAY_ENV, WHOLE_BATCHES
 from ray_cluster import runtime_env_overrides
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
@@ -358,6 +358,7 @@ def start_main(directory: Path, *overrides: str, env: dict | None = None) -> Wat
         directory,
         runs.dump_rollouts(directory),
         *LEAN_RAY,
+        WHOLE_BATCHES,
         *joins,
         *overrides,
         profile=CPU_PROFILE,

@@ -233,6 +233,9 @@ def compose_config(*overrides: str):
                 "trainer.balance_batch=false",
                 "data.dataloader_num_workers=0",
                 "trainer.resume_mode=disable",
+                # Whole batches, one weight version each (the partial-rollout tests set it true, with a
+                # StubRollout(partial=True) that interrupts its requests at a sync).
+                "async_training.partial_rollout=false",
                 *overrides,
             ],
         )

@@ -52,11 +52,13 @@ def test_shipped_config_composes_and_validates(name):
     assert validate_config(config) == AsyncTrainingConfig(
         staleness=1,
         sync_interval=1,
+        partial_rollout=True,  # the profiles' default: partial rollout in bypass mode
         one_gpu=name == "one_step_off_ppo_1gpu",
         generation_timeout_s=3600,
         sync_timeout_s=600,
     )
     assert config.actor_rollout_ref.hybrid_engine is False
+    assert config.algorithm.rollout_correction.bypass_mode is True
 
 
 def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
@@ -197,7 +199,7 @@ def test_the_bare_entry_point_composes_to_the_documented_gpu_setup():
         (
             [*PARTIAL, "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
             + ["actor_rollout_ref.rollout.checkpoint_engine.backend=nixl"],
-            r"partial_rollout=true with checkpoint_engine.backend='nixl'.*supported: gloo, checkpoint, nccl",
+            r"partial_rollout=true with checkpoint_engine.backend='nixl'.*supported: gloo, checkpoint, nccl. Use one of them, or turn partial rollout \(on by default\) off: async_training.partial_rollout=false",
         ),
         (
             [*PARTIAL, "actor_rollout_ref.rollout.scheduling_policy=fcfs"],

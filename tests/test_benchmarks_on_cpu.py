@@ -149,14 +149,14 @@ def launches(monkeypatch) -> list[tuple[str, ...]]:
             "partial-rollout",
             ["--tasks", "sort"],
             4,
-            "sort: mean gain today (s=1) +0.263, partial (s=1) +0.263; partial - today +0.000, "
+            "sort: mean gain whole batches (s=1) +0.263, partial (s=1) +0.263; partial - whole +0.000, "
             "pooled SE 0.018: within 2 SE (2 seeds, 30 steps",
         ),
         (
             "partial-rollout",
             ["--tasks", "generation_bound", "--partial-staleness", "2"],
             4,
-            "generation_bound: mean gain today (s=1) +0.263, partial (s=2) +0.263",
+            "generation_bound: mean gain whole batches (s=1) +0.263, partial (s=2) +0.263",
         ),
         (
             "loss-table",
@@ -327,9 +327,16 @@ def test_every_trial_of_the_parity_grid_passes_the_launch_checks():
         for trial in trials.values():
             config = compose(config_name=trial.profile, overrides=list(trial.overrides))
             assert not (config_problems(config) + policy_loss_problems(config)).problems, trial.label
+    # A staleness-1 run names its mode and whether it rolls out partially: it keeps its meaning (and the grid its
+    # stored runs) whichever the default is.
+    for (_, _, staleness, _), trial in trials.items():
+        named = {override.split("=")[0] for override in trial.overrides}
+        assert staleness == 0 or {"async_training.partial_rollout", f"{learning.CORRECTION}.bypass_mode"} <= named
 
 
-def test_the_partial_rollout_grid_runs_today_at_staleness_1_and_partial_at_the_staleness_asked(launches, tmp_path):
+def test_the_partial_rollout_grid_runs_whole_batches_at_staleness_1_and_partial_at_the_staleness_asked(
+    launches, tmp_path
+):
     grid = ["--grid", "partial-rollout", "--tasks", "generation_bound", "--partial-staleness", "2"]
     learning.main([*grid, "--seeds", "0", "--out", str(tmp_path)])
 
@@ -366,7 +373,7 @@ def test_a_batch_gets_its_engine_time_around_the_syncs():
 
 
 def timed_steps(batches: list[tuple[float, float, float]]) -> dict[int, dict]:
-    """Metrics of a today's-mode run whose step k trains a batch of generation time G, the actor's own time and
+    """Metrics of a whole-batch-mode run whose step k trains a batch of generation time G, the actor's own time and
     sync as given (G, own, sync), each step T = max(own, next batch's G) + sync, as the replay assumes."""
     by_step, start = {}, 0.0
     for step, (gen, own, sync) in enumerate(batches, start=1):

@@ -77,6 +77,7 @@ def one_step_off_convergence_run(tmp_path_factory, demo_assets) -> Run:
         f"data.seed={SEED}",
         f"actor_rollout_ref.rollout.seed={SEED}",
         timeout_s=1000,
+        whole_batches=False,  # the profiles' default: partial rollout in bypass mode
     )
     assert run.returncode == 0, run.output[-5000:]
     return run

@@ -304,7 +304,7 @@ def test_the_trainer_parses_the_config_the_launch_check_validated_without_checki
         warnings.simplefilter("always")
         trainer = build_trainer(config, log, rollout, StubWeightSync(log, rollout))
     assert not [w for w in caught if "verl scores with the function" in str(w.message)]
-    assert trainer.async_config == validated == AsyncTrainingConfig(staleness=2)
+    assert trainer.async_config == validated == AsyncTrainingConfig(staleness=2, partial_rollout=False)
 
 
 def test_throughput_counts_the_devices_of_both_pools():

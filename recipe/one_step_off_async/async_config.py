@@ -124,10 +124,11 @@ class AsyncTrainingConfig:
         },
     )
     partial_rollout: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "The batches in flight generate concurrently (oldest first); a weight sync interrupts "
-            "the running requests, which continue under the new weights. false: a sync waits for idle."
+            "the running requests, which continue under the new weights (their prefix prefilled again). "
+            "false: a sync waits for idle and every batch has one weight version."
         },
     )
     one_gpu: bool = field(
@@ -344,31 +345,34 @@ def _elastic_problems(config: DictConfig, section: AsyncTrainingConfig) -> list[
 
 
 def _partial_rollout_problems(config: DictConfig, section: AsyncTrainingConfig) -> list[str]:
-    """Partial rollout: a backend that resumes aborted requests, a sync that aborts and resumes them, oldest first."""
+    """Partial rollout (the profiles' default): a backend that resumes aborted requests, a sync that aborts and
+    resumes them, oldest first. Each problem names the fix that keeps it and the knob that turns it off."""
     if not section.partial_rollout:
         return []
     problems, name, engine = [], _get(config, f"{ROLLOUT}.name"), _get(config, ENGINE)
+    turn_off = f"or turn partial rollout (on by default) off: {PARTIAL}=false, each sync then waits for idle"
     if name not in PARTIAL_ROLLOUT_BACKENDS:
         problems.append(
-            f"{PARTIAL}=true with {ROLLOUT}.name={name!r}: a sync interrupts running requests and continues them "
-            f"from their tokens so far, which is wired here for {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} only. "
-            f"Use {' or '.join(PARTIAL_ROLLOUT_BACKENDS)}, or {PARTIAL}=false."
+            f"{PARTIAL}=true with {ROLLOUT}.name={name!r}: a sync interrupts running requests and "
+            f"continues them from their tokens so far, which is wired here for {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} "
+            f"only. Use {' or '.join(PARTIAL_ROLLOUT_BACKENDS)}, {turn_off}."
         )
     if engine not in PARTIAL_ROLLOUT_CHECKPOINT_ENGINES:
         problems.append(
-            f"{PARTIAL}=true with checkpoint_engine.backend={engine!r}: partial rollout needs a sync that aborts, "
-            "loads and resumes the replicas (verl's CheckpointEngineManager); supported: "
-            f"{', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}."
+            f"{PARTIAL}=true with checkpoint_engine.backend={engine!r}: partial rollout needs a sync "
+            "that aborts, loads and resumes the replicas (verl's CheckpointEngineManager); supported: "
+            f"{', '.join(PARTIAL_ROLLOUT_CHECKPOINT_ENGINES)}. Use one of them, {turn_off}."
         )
     policy = _get(config, f"{ROLLOUT}.scheduling_policy")
     if name == VLLM and policy != "priority":
         problems.append(
-            f"{PARTIAL}=true with vLLM and {ROLLOUT}.scheduling_policy={policy!r}: the batches in flight share the "
-            f"engine and the oldest must run first. Set {ROLLOUT}.scheduling_policy=priority."
+            f"{PARTIAL}=true with vLLM and {ROLLOUT}.scheduling_policy={policy!r}: the batches in "
+            f"flight share the engine and the oldest must run first. Set {ROLLOUT}.scheduling_policy=priority, "
+            f"{turn_off}."
         )
     for key, why in PARTIAL_ROLLOUT_EXCLUDES.items():
         if _get(config, f"{ROLLOUT}.{key}"):
-            problems.append(f"{PARTIAL}=true with {ROLLOUT}.{key}=true: {why}. Use one of the two.")
+            problems.append(f"{PARTIAL}=true with {ROLLOUT}.{key}=true: {why}. Drop {key}, {turn_off}.")
     return problems
 
 
