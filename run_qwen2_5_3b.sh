@@ -20,7 +20,7 @@ PARTIAL_ROLLOUT=${PARTIAL_ROLLOUT:-true}
 TRAIN_GPUS=${TRAIN_GPUS:-4}
 ROLLOUT_GPUS=${ROLLOUT_GPUS:-4}
 PROJECT=${PROJECT:-one_step_off_async}
-EXPERIMENT=${EXPERIMENT:-qwen2_5_3b_gsm8k_grpo_s${STALENESS}}
+EXPERIMENT=${EXPERIMENT:-qwen2_5_3b_gsm8k_grpo_s${STALENESS}$([ "$PARTIAL_ROLLOUT" != false ] || echo _whole_batches)}
 ENTRY_MODULE=${ENTRY_MODULE:-recipe.one_step_off_async.main_ppo}
 # flash_attention_2 packs sequences without padding (use_remove_padding); sdpa runs on `.[gpu]` alone.
 ATTN=${ATTN:-flash_attention_2}

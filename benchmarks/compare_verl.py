@@ -19,7 +19,7 @@ and the recipe's ``gloo`` weight sync, which is how verl's trainers run on CPU),
 3. ``--steps`` steps without validation: steps per minute, the median step after step 2 and where it goes
    (waiting for the batch, the weight sync, the old log-probs, the update), and the staleness of what each step
    trained (V1: the oldest weights in each trajectory, and what its staleness bound dropped; the recipe: every
-   sample's version).
+   token's version, as its trainer checks them).
 
 Why: claims about verl's trainers are measured, not read off their code. Where generation bounds the step,
 ``python -m benchmarks partial-rollout --verl-v1`` runs V1 beside the recipe's partial rollout on the

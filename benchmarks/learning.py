@@ -6,8 +6,8 @@ order), validates greedily on the held-out prompts at step 0 and every ``test_fr
 validation score by step (the task's ``val-core/<data source>/<score>/mean@1``) and compares the settings'
 gains. Runs go ``--jobs`` at a time, seed-major (a grid cut short has whole seeds). A run's folder keeps
 its metrics, its log and ``validation.json``; a finished run with the same profile, overrides, steps and
-validation period is not run again, so a cut grid resumes (a run with other settings or an interrupted one
-starts again). A run that fails is launched once more (its folder kept as ``<run>.failed``); a second
+validation period is not run again, so a cut grid resumes (an interrupted run starts again; a run with other
+settings too, its folder kept as ``<run>.other-settings``). A run that fails is launched once more (its folder kept as ``<run>.failed``); a second
 failure stops the grid. Hydra overrides after ``--`` go to every run of the grid (give such a grid its own
 ``--out``).
 
@@ -72,9 +72,9 @@ How (from the repository root, with the project's virtualenv active)::
 
     # staleness parity, screen: every candidate, graded task, 4 seeds
     python -m benchmarks learning --grid staleness-parity --tasks graded --seeds 0 1 2 3
-    # the default's decision: bypass mode, decoupled token-level IS and partial rollout against staleness 0
-    python -m benchmarks learning --grid staleness-parity --tasks graded_lr5e-4 sort_long graded_fast \
-        --candidates token_is partial bypass --seeds 0 1 2 3 4 5 6 7
+    # the default's decision: partial rollout in bypass mode (the default) and whole batches against staleness 0
+    python -m benchmarks learning --grid staleness-parity --tasks binary graded sort_long graded_fast graded_lr5e-4 \
+        generation_bound_fast long_tail --candidates partial_bypass bypass --seeds 0 1 2 3 4 5 6 7
     # confirm: the default and the best candidates on fresh seeds (not those the screen picked on)
     python -m benchmarks learning --grid staleness-parity --tasks graded binary --seeds 4 5 6 7 8 9 10 11 \\
         --candidates token_is bypass no_correction
@@ -213,7 +213,12 @@ def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> M
         saved = json.loads(done.read_text())
         if {key: saved.get(key) for key in settings} == settings:
             return read_run(trial.folder, {int(step): value for step, value in saved["curve"].items()}, steps)
-        say(f"{trial.folder}: measured with other settings ({saved.get('overrides')}); running it again")
+        kept = trial.folder.with_name(trial.folder.name + ".other-settings")
+        shutil.rmtree(kept, ignore_errors=True)
+        trial.folder.rename(kept)
+        say(
+            f"{trial.folder}: measured with other settings ({saved.get('overrides')}), kept as {kept}; running it again"
+        )
     for attempt in (1, 2):
         if trial.folder.exists():  # an interrupted or failed run, or other settings: start it again
             shutil.rmtree(trial.folder)

@@ -201,7 +201,7 @@ def test_a_failed_learning_run_is_launched_once_more_and_a_second_failure_stops_
     assert len(launches) == 4
 
 
-def test_a_learning_run_with_other_settings_is_launched_again(launches, tmp_path, capsys):
+def test_a_learning_run_with_other_settings_is_launched_again_and_the_old_one_kept(launches, tmp_path, capsys):
     command = ["--grid", "loss-table", "--rows", "topr", "--seeds", "0", "--steps", "20", "--out", str(tmp_path)]
 
     learning.main(command)
@@ -210,6 +210,8 @@ def test_a_learning_run_with_other_settings_is_launched_again(launches, tmp_path
     assert len(launches) == 2
     assert launches[1][-1] == "actor_rollout_ref.actor.optim.lr=1e-3"
     assert "measured with other settings" in capsys.readouterr().out
+    kept = json.loads((tmp_path / "topr_s1_seed0.other-settings" / learning.VALIDATION).read_text())
+    assert "actor_rollout_ref.actor.optim.lr=1e-3" not in kept["overrides"]
 
 
 @pytest.mark.slow  # two spawned ranks that import verl: ~15 s on 2 idle cores, more under load

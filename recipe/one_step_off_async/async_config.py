@@ -351,7 +351,7 @@ def _partial_rollout_problems(config: DictConfig, section: AsyncTrainingConfig) 
         return []
     problems, name, engine = [], _get(config, f"{ROLLOUT}.name"), _get(config, ENGINE)
     turn_off = f"or turn partial rollout (on by default) off: {PARTIAL}=false, each sync then waits for idle"
-    if name not in PARTIAL_ROLLOUT_BACKENDS:
+    if name in ROLLOUT_BACKENDS and name not in PARTIAL_ROLLOUT_BACKENDS:  # an unknown backend is refused as such
         problems.append(
             f"{PARTIAL}=true with {ROLLOUT}.name={name!r}: a sync interrupts running requests and "
             f"continues them from their tokens so far, which is wired here for {' and '.join(PARTIAL_ROLLOUT_BACKENDS)} "
@@ -372,7 +372,7 @@ def _partial_rollout_problems(config: DictConfig, section: AsyncTrainingConfig) 
         )
     for key, why in PARTIAL_ROLLOUT_EXCLUDES.items():
         if _get(config, f"{ROLLOUT}.{key}"):
-            problems.append(f"{PARTIAL}=true with {ROLLOUT}.{key}=true: {why}. Drop {key}, {turn_off}.")
+            problems.append(f"{PARTIAL}=true with {ROLLOUT}.{key}=true: {why}. Set {ROLLOUT}.{key}=false, {turn_off}.")
     return problems
 
 
