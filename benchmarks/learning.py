@@ -7,8 +7,8 @@ validation score by step (the task's ``val-core/<data source>/<score>/mean@1``) 
 gains. Runs go ``--jobs`` at a time, seed-major (a grid cut short has whole seeds). A run's folder keeps
 its metrics, its log and ``validation.json``; a finished run with the same profile, overrides, steps and
 validation period is not run again, so a cut grid resumes (an interrupted run starts again; a run with other
-settings too, its folder kept as ``<run>.other-settings``). A run that fails is launched once more (its folder kept as ``<run>.failed``); a second
-failure stops the grid. Hydra overrides after ``--`` go to every run of the grid (give such a grid its own
+settings too, its folder kept as ``<run>.other-settings``). A run that fails is launched once more (its folder
+kept as ``<run>.failed``); a second failure stops the grid. Hydra overrides after ``--`` go to every run of the grid (give such a grid its own
 ``--out``).
 
 --grid staleness-parity: does staleness 1 learn as much per step as staleness 0, and as much per minute? The
@@ -202,6 +202,14 @@ def read_run(folder: Path, curve: Curve, steps: int) -> Measured:
     )
 
 
+def set_aside(folder: Path, suffix: str) -> Path:
+    """Move ``folder`` to ``<folder><suffix>`` (replacing an earlier one) and return where it went."""
+    kept = folder.with_name(folder.name + suffix)
+    shutil.rmtree(kept, ignore_errors=True)
+    folder.rename(kept)
+    return kept
+
+
 def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> Measured:
     """What ``trial`` measured, run now unless its folder holds a finished run with the same settings. A run that
     fails is launched once more, so that one transient failure does not end a grid of hours; a second failure stops
@@ -213,14 +221,12 @@ def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> M
         saved = json.loads(done.read_text())
         if {key: saved.get(key) for key in settings} == settings:
             return read_run(trial.folder, {int(step): value for step, value in saved["curve"].items()}, steps)
-        kept = trial.folder.with_name(trial.folder.name + ".other-settings")
-        shutil.rmtree(kept, ignore_errors=True)
-        trial.folder.rename(kept)
+        kept = set_aside(trial.folder, ".other-settings")
         say(
             f"{trial.folder}: measured with other settings ({saved.get('overrides')}), kept as {kept}; running it again"
         )
     for attempt in (1, 2):
-        if trial.folder.exists():  # an interrupted or failed run, or other settings: start it again
+        if trial.folder.exists():  # an interrupted run: start it again
             shutil.rmtree(trial.folder)
         run = runs.run(
             trial.folder,
@@ -233,9 +239,7 @@ def train(trial: Trial, steps: int, test_freq: int, extra: tuple[str, ...]) -> M
         )
         if run.returncode == 0 or attempt == 2:
             break
-        kept = trial.folder.with_name(trial.folder.name + ".failed")
-        shutil.rmtree(kept, ignore_errors=True)
-        trial.folder.rename(kept)
+        kept = set_aside(trial.folder, ".failed")
         say(f"{trial.label}: failed (exit {run.returncode}, its folder kept as {kept}); launching it once more")
     run.check(trial.label)
     curve = validation_curve(run.metrics)
@@ -319,34 +323,40 @@ LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
 # verl's bypass mode (the profiles' default): PPO clip on pi / pi_rollout, no recomputed old log-prob. Decoupled
 # mode: the actor recomputes old log-probs (PPO's anchor), IS weights pi_old / pi_rollout; the recipe's losses and
 # verl's other loss modes need it. Partial rollout (the profiles' default) or whole batches (one weight version
-# each). Each staleness-1 candidate names its mode and whether it rolls out partially, so that its runs keep their
-# meaning (and a grid resumes) whichever the default is; at staleness 0 nothing is in flight at a sync, and partial
-# rollout changes nothing.
+# each): a staleness-1 run names its correction mode and rolls out in whole batches unless its candidate names
+# PARTIAL (``staleness_1_overrides``), so that its runs keep their meaning (and a grid resumes) whichever the
+# default is; at staleness 0 nothing is in flight at a sync, and partial rollout changes nothing.
 BYPASS = [f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_is=null"]
 DECOUPLED_MODE = [f"{CORRECTION}.bypass_mode=false"]
 TOKEN_IS = list(DECOUPLED_OVERRIDES)  # pi_old / pi_rollout per token, capped at 2
 PARTIAL, WHOLE_BATCHES = "async_training.partial_rollout=true", "async_training.partial_rollout=false"
-# candidate: (overrides at staleness 1, name of its staleness-0 baseline)
+# candidate: (overrides at staleness 1, whole batches unless PARTIAL is one; name of its staleness-0 baseline)
 CANDIDATES: dict[str, tuple[list[str], str]] = {
     # Bypass mode in whole batches: the default before partial rollout.
-    "bypass": ([*BYPASS, WHOLE_BATCHES], "ppo"),
+    "bypass": (BYPASS, "ppo"),
     # Decoupled PPO with token-level truncated IS: the default before bypass.
-    "token_is": ([*TOKEN_IS, WHOLE_BATCHES], "ppo"),
+    "token_is": (TOKEN_IS, "ppo"),
     # Sequence-level truncated IS (product of token ratios, capped at 2).
-    "seq_is": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=sequence", WHOLE_BATCHES], "ppo"),
+    "seq_is": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=sequence"], "ppo"),
     # Decoupled PPO with no IS weight: the stale samples taken as if on-policy.
-    "no_correction": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=null", WHOLE_BATCHES], "ppo"),
+    "no_correction": ([*DECOUPLED_MODE, f"{CORRECTION}.rollout_is=null"], "ppo"),
     # Token-level IS with a looser cap.
-    "token_is_cap5": ([*TOKEN_IS, f"{CORRECTION}.rollout_is_threshold=5.0", WHOLE_BATCHES], "ppo"),
+    "token_is_cap5": ([*TOKEN_IS, f"{CORRECTION}.rollout_is_threshold=5.0"], "ppo"),
     # Partial rollout, requests in flight continuing under the new weights, with decoupled token-level IS and in
     # bypass mode (the profiles' default).
     "partial": ([PARTIAL, *TOKEN_IS], "ppo"),
     "partial_bypass": ([PARTIAL, *BYPASS], "ppo"),
     # The off-policy losses (decoupled, token-level IS, whole batches); each has its own staleness-0 baseline.
-    "kimi15": ([f"{LOSS}=kimi15", *TOKEN_IS, WHOLE_BATCHES], "kimi15"),
-    "topr": ([f"{LOSS}=topr", *TOKEN_IS, WHOLE_BATCHES], "topr"),
-    "cispo": ([f"{LOSS}=cispo", *TOKEN_IS, WHOLE_BATCHES], "cispo"),
+    "kimi15": ([f"{LOSS}=kimi15", *TOKEN_IS], "kimi15"),
+    "topr": ([f"{LOSS}=topr", *TOKEN_IS], "topr"),
+    "cispo": ([f"{LOSS}=cispo", *TOKEN_IS], "cispo"),
 }
+
+
+def staleness_1_overrides(candidate: str) -> list[str]:
+    """A candidate's overrides at staleness 1: its own, in whole batches unless it rolls out partially."""
+    overrides = CANDIDATES[candidate][0]
+    return overrides if PARTIAL in overrides else [*overrides, WHOLE_BATCHES]
 
 
 def baseline_overrides(baseline: str) -> list[str]:
@@ -477,9 +487,9 @@ class StalenessParity:
         for seed in args.seeds:
             for task in args.tasks:
                 for name in args.candidates:
-                    overrides, baseline = CANDIDATES[name]
+                    baseline = CANDIDATES[name][1]
                     for setting, staleness, extra in (
-                        (name, 1, overrides),
+                        (name, 1, staleness_1_overrides(name)),
                         (baseline, 0, baseline_overrides(baseline)),
                     ):
                         profile, task_overrides = PARITY_TASKS[task]
